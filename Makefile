@@ -1,0 +1,42 @@
+# One target per thing CI does; `make test` is what .ci/run calls.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: install services lint typecheck unit test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+services:
+	bash scripts/services.sh
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest tests/unit -q -p no:cacheprovider
+
+# pytest exits 5 when it collects nothing: make fails then, so CI never passes on nothing.
+test: install services lint typecheck
+	$(BIN)/python scripts/check_layering.py
+	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance -p no:cacheprovider
+
+demo: install
+	$(BIN)/python -m tasks.demo
+
+bench: install services
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf .demo build *.egg-info .mypy_cache .ruff_cache

@@ -1,0 +1,99 @@
+"""Celery settings: the only place that reads the environment.
+
+It starts from a reliable profile (every setting that differs from Celery's default is
+listed with its reason in ``docs/reference/settings.md``):
+
+* ``REDIS_URL``: broker, result backend and the layer's store (default
+  ``redis://localhost:6379/0``);
+* ``CELERY_BROKER_URL``: overrides the broker (``filesystem://`` selects the embedded
+  default used by ``make demo`` on a bare machine);
+* ``CELERY_RESULT_BACKEND``, ``CONVENTIONS_STORE_URL``: override the result backend and
+  the layer's store;
+* ``DATABASE_URL``: the reference shop's business database (SQLite file by default);
+* ``SMTP_URL``: where receipts are sent (``smtp://host:port``; unset: recorded only);
+* ``SENTRY_DSN``: Sentry, when set;
+* ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from conventions import routing
+
+_env = os.environ
+
+#: the folder of the embedded default (filesystem broker, SQLite store and shop)
+DATA_DIR = Path(_env.get("CONVENTIONS_DATA_DIR", ".demo")).resolve()
+REDIS_URL = _env.get("REDIS_URL", "redis://localhost:6379/0")
+EMBEDDED = _env.get("CELERY_BROKER_URL", "").startswith("filesystem")
+
+#: workloads -> queues: the light, latency-sensitive lane and the heavy lane
+WORKLOADS = {"email": "email", "light": "email", "heavy": "heavy"}
+#: hard time limits per workload (seconds); soft limits sit 10% below
+WORKLOAD_TIME_LIMITS = {"email": 60.0, "light": 60.0, "heavy": 1800.0}
+#: longest retry delay (the backoff cap) and longest time limit decide the visibility
+LONGEST_RETRY_DELAY = 600.0
+VISIBILITY_TIMEOUT = int(max(WORKLOAD_TIME_LIMITS.values()) + LONGEST_RETRY_DELAY) * 2
+
+# -- broker and results --------------------------------------------------------------------
+broker_url = _env.get("CELERY_BROKER_URL") or REDIS_URL
+broker_connection_retry_on_startup = True
+broker_transport_options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
+if EMBEDDED:
+    _queue_dir = DATA_DIR / "broker"
+    for _sub in ("out", "processed"):
+        (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
+    broker_transport_options = {
+        "data_folder_in": str(_queue_dir / "out"),
+        "data_folder_out": str(_queue_dir / "out"),
+        "processed_folder": str(_queue_dir / "processed"),
+        "store_processed": False,
+    }
+    (DATA_DIR / "results").mkdir(parents=True, exist_ok=True)
+
+result_backend = _env.get("CELERY_RESULT_BACKEND") or (
+    f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL
+)
+result_expires = 86400
+result_extended = True
+
+# -- the reliable profile ------------------------------------------------------------------
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 1
+worker_cancel_long_running_tasks_on_connection_loss = True
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+result_accept_content = ["json"]
+task_send_sent_event = True
+worker_send_task_events = True
+task_track_started = True
+worker_soft_shutdown_timeout = 10.0
+worker_enable_soft_shutdown_on_idle = True
+task_time_limit = 300
+task_soft_time_limit = 270
+enable_utc = True
+timezone = "UTC"
+
+# -- routing -------------------------------------------------------------------------------
+task_create_missing_queues = False
+task_default_queue = "email"
+task_queues = routing.queues_for(WORKLOADS)
+task_routes = (routing.WorkloadRouter(WORKLOADS),)
+
+# -- the layer -----------------------------------------------------------------------------
+conventions_workloads = WORKLOADS
+conventions_workload_time_limits = WORKLOAD_TIME_LIMITS
+conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (
+    f"sqlite:///{DATA_DIR / 'store.sqlite3'}" if EMBEDDED else REDIS_URL
+)
+conventions_lease_seconds = float(_env.get("CONVENTIONS_LEASE_SECONDS", "30"))
+
+# -- the reference app ---------------------------------------------------------------------
+shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sqlite3'}"
+shop_smtp_url = _env.get("SMTP_URL")
+sentry_dsn = _env.get("SENTRY_DSN")

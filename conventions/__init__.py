@@ -1,0 +1,46 @@
+"""celery-conventions: a thin, opinionated convention layer over Celery.
+
+Declare a task once, with a versioned name, an id-only payload, an idempotency key
+template and a workload; the layer validates before publishing and again in the worker,
+deduplicates, retries with backoff and jitter, dead-letters what fails for good, and
+carries correlation ids through every job.
+"""
+
+from __future__ import annotations
+
+from conventions.app import App
+from conventions.backoff import Backoff
+from conventions.context import bind
+from conventions.errors import (
+    ConfigurationError,
+    ConventionsError,
+    PayloadError,
+    PermanentError,
+    SkipJob,
+    TransientError,
+    UncertainOutcomeError,
+)
+from conventions.job import JobContext
+from conventions.payloads import Id, Payload, sensitive
+from conventions.task import ConventionTask, DuplicateResult
+
+__all__ = [
+    "App",
+    "Backoff",
+    "ConfigurationError",
+    "ConventionTask",
+    "ConventionsError",
+    "DuplicateResult",
+    "Id",
+    "JobContext",
+    "Payload",
+    "PayloadError",
+    "PermanentError",
+    "SkipJob",
+    "TransientError",
+    "UncertainOutcomeError",
+    "bind",
+    "sensitive",
+]
+
+__version__ = "0.1.0"

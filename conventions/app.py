@@ -1,0 +1,203 @@
+"""The Celery app of a project that uses the layer, and the ``@app.job`` decorator.
+
+``App`` is a ``Celery`` subclass: Celery still does the running. It adds the decorator
+that declares a convention task (checked at definition time: a bad declaration fails
+at import with an error that says the fix), the layer's store, and one choke point for
+publishing: ``send_task`` of a registered convention task by name validates exactly like
+``.delay()``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any, TypeVar, cast
+
+from celery import Celery, signals
+
+from conventions import job as joblib
+from conventions import routing, settings
+from conventions.backoff import Backoff
+from conventions.decisions import DEFAULT_TABLE, DecisionTable
+from conventions.errors import ConfigurationError
+from conventions.payloads import Payload
+from conventions.runner import READY
+from conventions.store import Store, open_store
+from conventions.task import ConventionTask, KeyTemplate, template_fields
+
+#: ``domain.action.vN``: lower-case words, a version from 1
+NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*\.v[1-9][0-9]*$")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def check_definition(
+    app: Celery, name: str, payload: Any, key: Any, workload: str, time_limit: float | None
+) -> None:
+    """Refuse a bad task declaration, saying how to fix it."""
+    if not NAME.match(name):
+        raise ConfigurationError(
+            f"task name {name!r} must look like 'domain.action.vN' (e.g. "
+            "'email.send_receipt.v1'): lower-case words and a version, so a changed "
+            "payload ships as a new name"
+        )
+    if not (isinstance(payload, type) and issubclass(payload, Payload)):
+        raise ConfigurationError(
+            f"{name}: payload= must be a conventions.Payload subclass, got {payload!r}"
+        )
+    if isinstance(key, str):
+        fields = template_fields(key)
+        unknown = [f for f in fields if f not in payload.model_fields]
+        if not fields or unknown:
+            raise ConfigurationError(
+                f"{name}: idempotency key template {key!r} must name payload fields only "
+                f"(unknown: {unknown or 'none named'}); fields are "
+                f"{sorted(payload.model_fields)}, e.g. key='receipt:{{order_id}}'"
+            )
+    elif not callable(key):
+        raise ConfigurationError(
+            f"{name}: key= is required: a template over payload fields like "
+            "'receipt:{order_id}', or a callable of the payload"
+        )
+    known = routing.workloads(app.conf)
+    if workload not in known:
+        raise ConfigurationError(
+            f"{name}: workload {workload!r} is unknown; known workloads are "
+            f"{sorted(known)} (add it to conventions_workloads in celeryconfig.py)"
+        )
+    if time_limit is not None and time_limit <= 0:
+        raise ConfigurationError(f"{name}: time_limit must be positive seconds")
+
+
+class App(Celery):  # type: ignore[misc]
+    """A Celery app with the layer's conventions."""
+
+    def job(
+        self,
+        name: str,
+        *,
+        payload: type[Payload],
+        key: KeyTemplate,
+        workload: str,
+        time_limit: float | None = None,
+        soft_time_limit: float | None = None,
+        replayable: bool = True,
+        dedup: str | float | None = "until_done",
+        backoff: Backoff | None = None,
+        errors: DecisionTable | dict[type[BaseException], str] | None = None,
+        reconcile: Callable[..., Any] | None = None,
+    ) -> Callable[[Callable[..., Any]], ConventionTask]:
+        """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
+        key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``."""
+        check_definition(self, name, payload, key, workload, time_limit)
+        if dedup not in ("until_done", "forever", None) and not isinstance(dedup, int | float):
+            raise ConfigurationError(
+                f"{name}: dedup must be 'until_done', 'forever', a TTL in seconds, or None"
+            )
+        table = DEFAULT_TABLE
+        if isinstance(errors, DecisionTable):
+            table = errors
+        elif errors:
+            table = DEFAULT_TABLE.extend(errors)
+        conf = settings.read(self.conf)
+        hard = float(time_limit or conf.workload_time_limits.get(workload)
+                     or conf.default_time_limit)
+        soft = float(soft_time_limit or max(hard - max(5.0, hard * 0.1), hard * 0.5))
+        options: dict[str, Any] = {
+            "payload": payload,
+            "key": staticmethod(key) if callable(key) else key,
+            "workload": workload,
+            "time_limit": hard,
+            "soft_time_limit": soft,
+            "replayable": replayable,
+            "dedup": dedup,
+            "backoff": backoff or Backoff(),
+            "decisions": table,
+            "reconcile": staticmethod(reconcile) if reconcile else None,
+        }
+
+        def decorate(fun: Callable[..., Any]) -> ConventionTask:
+            task = self.task(name=name, base=ConventionTask, lazy=False, **options)(fun)
+            return cast(ConventionTask, task)
+
+        return decorate
+
+    def upcaster(
+        self, name: str, *, payload: type[Payload], into: ConventionTask
+    ) -> Callable[[Callable[[Any], Payload]], ConventionTask]:
+        """Keep an old version registered while its queue drains: its messages are
+        converted to the new payload and run by the new version's body."""
+        check_definition(self, name, payload, into.key, into.workload, None)
+
+        def decorate(convert: Callable[[Any], Payload]) -> ConventionTask:
+            def body(payload: Payload, ctx: joblib.JobContext) -> Any:  # pragma: no cover
+                raise ConfigurationError("an upcaster's body is never called")
+
+            body.__name__ = convert.__name__
+            body.__module__ = convert.__module__
+            options: dict[str, Any] = {
+                "payload": payload,
+                "key": into.key,
+                "workload": into.workload,
+                "time_limit": into.time_limit,
+                "soft_time_limit": into.soft_time_limit,
+                "replayable": into.replayable,
+                "dedup": into.dedup,
+                "backoff": into.backoff,
+                "decisions": into.decisions,
+                "upcast": staticmethod(convert),
+                "upcast_into": into,
+            }
+            return cast(
+                ConventionTask, self.task(name=name, base=ConventionTask, lazy=False, **options)(body)
+            )
+
+        return decorate
+
+    @cached_property
+    def conventions_settings(self) -> settings.Settings:
+        return settings.read(self.conf)
+
+    @property
+    def store(self) -> Store:
+        """The layer's store (opened lazily, once per process)."""
+        current = self.__dict__.get("_cc_store")
+        if current is None:
+            url = self.conventions_settings.store_url
+            if not url:
+                raise ConfigurationError(
+                    "conventions_store_url is not set: point it at Redis (redis://...) or "
+                    "SQL (postgresql://..., sqlite:///...) in celeryconfig.py"
+                )
+            current = open_store(url)
+            self.__dict__["_cc_store"] = current
+        return cast(Store, current)
+
+    def reset_store(self) -> None:
+        """Forget the store (after fork, each process opens its own connections)."""
+        self.__dict__.pop("_cc_store", None)
+
+    def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Publish by name; a registered convention task validates like ``.delay()``."""
+        if options.pop(READY, False):
+            return super().send_task(name, args, kwargs, **options)
+        task = self.tasks.get(name) if self.finalized else self._tasks.get(name)
+        if isinstance(task, ConventionTask):
+            options.pop("task_type", None)
+            return task.apply_async(args, kwargs, **options)
+        return super().send_task(name, args, kwargs, **options)
+
+
+@signals.worker_process_init.connect
+def _after_fork(**_: Any) -> None:
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    if isinstance(app, App):
+        app.reset_store()
+
+
+@signals.worker_shutting_down.connect
+def _shutting_down(**_: Any) -> None:
+    joblib.mark_stopping()

@@ -1,0 +1,154 @@
+"""Correlation context and the names of our message headers.
+
+Every header of ours starts with ``cc_`` and is listed here (and in
+``docs/reference/headers.md``). None is named after a Celery ``Context`` attribute:
+Celery overwrites ``correlation_id`` with the task id. In the worker, headers are read
+as ``task.request`` attributes, since Sentry reshapes ``request.headers``.
+
+Web code binds a context per request (``bind(...)`` or the middleware in
+``conventions.web``); ``.delay()`` picks it up. Inside a job the context is the job's,
+so child jobs inherit its correlation id and name the job as their cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+PREFIX = "cc_"
+#: the story this job belongs to: one per web request, beat occurrence or foreign message
+CORRELATION = "cc_correlation"
+#: the web request id, when the story started in a web request
+REQUEST = "cc_request"
+#: what caused this job: ``job:<task id>`` or ``request:<id>`` or ``beat:<entry>``
+CAUSATION = "cc_causation"
+#: who acted (a user id, ``beat``, ``replay:<actor>``)
+ACTOR = "cc_actor"
+#: the job's idempotency key
+IDEMPOTENCY_KEY = "cc_idempotency_key"
+#: when the job was first published (ISO 8601, UTC); kept across retries
+ENQUEUED_AT = "cc_enqueued_at"
+#: the dead-letter id this job was replayed from
+REPLAY_OF = "cc_replay_of"
+#: set on a retry after an uncertain outcome: the next attempt reconciles first
+RECONCILE = "cc_reconcile"
+#: when the first attempt failed (ISO 8601, UTC); kept across retries for the dead letter
+FIRST_FAILED_AT = "cc_first_failed_at"
+
+ALL_HEADERS = (
+    CORRELATION,
+    REQUEST,
+    CAUSATION,
+    ACTOR,
+    IDEMPOTENCY_KEY,
+    ENQUEUED_AT,
+    REPLAY_OF,
+    RECONCILE,
+    FIRST_FAILED_AT,
+)
+#: the headers a child job inherits from its parent's context
+INHERITED = (CORRELATION, REQUEST, ACTOR)
+
+
+def new_id() -> str:
+    """A fresh correlation or request id."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The correlation context bound to the current request or job."""
+
+    correlation_id: str
+    request_id: str | None = None
+    causation_id: str | None = None
+    actor_id: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The headers a job published under this context carries."""
+        out = {CORRELATION: self.correlation_id}
+        if self.request_id:
+            out[REQUEST] = self.request_id
+        if self.causation_id:
+            out[CAUSATION] = self.causation_id
+        if self.actor_id:
+            out[ACTOR] = self.actor_id
+        return out
+
+
+_current: contextvars.ContextVar[Trace | None] = contextvars.ContextVar(
+    "conventions_trace", default=None
+)
+
+
+def current() -> Trace | None:
+    """The bound context, or None outside any request or job."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def bind(
+    correlation_id: str | None = None,
+    request_id: str | None = None,
+    actor_id: str | None = None,
+    causation_id: str | None = None,
+) -> Iterator[Trace]:
+    """Bind a correlation context for the block (a web request, a script, a test)."""
+    request_id = request_id or new_id()
+    trace = Trace(
+        correlation_id=correlation_id or new_id(),
+        request_id=request_id,
+        causation_id=causation_id or f"request:{request_id}",
+        actor_id=actor_id,
+    )
+    token = _current.set(trace)
+    try:
+        yield trace
+    finally:
+        _current.reset(token)
+
+
+def activate(trace: Trace) -> contextvars.Token[Trace | None]:
+    """Make ``trace`` current (the worker does this around a job); undo with ``reset``."""
+    return _current.set(trace)
+
+
+def reset(token: contextvars.Token[Trace | None]) -> None:
+    _current.reset(token)
+
+
+def from_request(request: Any) -> Trace:
+    """The context of a running job, read from its ``task.request`` attributes.
+
+    A message from a foreign producer has none of our headers: it gets a fresh
+    correlation id here, at receipt.
+    """
+    correlation = getattr(request, CORRELATION, None) or new_id()
+    return Trace(
+        correlation_id=correlation,
+        request_id=getattr(request, REQUEST, None),
+        causation_id=getattr(request, CAUSATION, None),
+        actor_id=getattr(request, ACTOR, None),
+    )
+
+
+def for_child(parent: Trace, parent_task_id: str) -> Trace:
+    """The context a job publishes its children under: same story, caused by the job."""
+    return replace(parent, causation_id=f"job:{parent_task_id}")
+
+
+def outgoing(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Our headers for a publish: the caller's own, completed from the bound context."""
+    out: dict[str, Any] = {}
+    trace = current()
+    if trace is not None:
+        out.update(trace.headers())
+    if headers:
+        out.update(headers)
+    if CORRELATION not in out:
+        out[CORRELATION] = new_id()
+    return out

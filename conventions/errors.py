@@ -1,0 +1,226 @@
+"""Every error the layer raises or understands, in one rooted tree.
+
+Two branches, kept apart on purpose: a ``JobOutcome`` is control flow a job body raises
+on purpose to say how the job ends (``conventions.decisions`` maps each one to a
+decision), while a ``LayerError`` is a fault in how the layer is used (a wrong task
+definition, a bad payload, a refused publish). Catching ``ConventionsError`` catches
+both; catching ``JobOutcome`` never swallows a configuration fault.
+
+The tree (``tree()`` renders the live hierarchy in this format, and a test compares)::
+
+    ConventionsError
+    +-- JobOutcome
+    |   +-- TransientError
+    |   +-- PermanentError
+    |   +-- UncertainOutcomeError
+    |   `-- SkipJob
+    `-- LayerError
+        +-- ConfigurationError
+        +-- PayloadError
+        `-- QueueOverCapacity
+
+The first line of each class's docstring is its default message (``raise SkipJob()``
+reads well in logs without a message). Every constructor takes the message first and
+everything else by keyword, so the exceptions pickle and survive Celery's exception
+serialization (which rebuilds them as ``cls(*args)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+
+def _default_message(cls: type[BaseException]) -> str:
+    """The first line of the nearest docstring in ``cls``'s MRO (docstrings don't inherit)."""
+    for klass in cls.__mro__:
+        doc = klass.__dict__.get("__doc__")
+        if isinstance(doc, str) and doc.strip():
+            return doc.strip().splitlines()[0].strip()
+    return cls.__name__
+
+
+class ConventionsError(Exception):
+    """A celery-conventions error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message if message is not None else _default_message(type(self)))
+
+    @property
+    def message(self) -> str:
+        """The message the exception was raised with (or its default)."""
+        return str(self.args[0]) if self.args else _default_message(type(self))
+
+
+# -- outcomes: raised by a job body on purpose -------------------------------------------
+
+
+class JobOutcome(ConventionsError):
+    """The job body ended the job on purpose."""
+
+
+class TransientError(JobOutcome):
+    """A transient failure: the job will be retried with backoff.
+
+    ``retry_after`` (seconds, e.g. parsed from a ``Retry-After`` header) asks for at
+    least that long before the next attempt; the backoff still applies when it is longer
+    and the broker's safe maximum still clamps it. A negative value counts as 0 and a NaN
+    as "not given", so that raising the outcome can never itself fail.
+    """
+
+    def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after: float | None = _seconds(retry_after)
+
+
+class PermanentError(JobOutcome):
+    """A permanent failure: retrying cannot help, the job is dead-lettered."""
+
+
+class UncertainOutcomeError(JobOutcome):
+    """The side effect may have happened: the job is retried, reconciling first.
+
+    Raise it when a call timed out after the request left (a charge, an email): the next
+    attempt runs the task's reconcile step to find out what happened before acting again.
+    """
+
+
+class SkipJob(JobOutcome):
+    """The job was skipped: there is nothing to do.
+
+    A skip is not a failure: nothing is retried, dead-lettered or alerted.
+    """
+
+
+# -- faults: the layer was used wrongly --------------------------------------------------
+
+
+class LayerError(ConventionsError):
+    """The convention layer was used wrongly."""
+
+
+class ConfigurationError(LayerError):
+    """A task definition or setting is wrong.
+
+    Raised at import or startup time wherever possible; the message says the fix.
+    """
+
+
+class PayloadError(LayerError, ValueError):
+    """The payload failed validation.
+
+    ``errors`` holds pydantic-style error dicts (``loc``, ``msg``, ``type``); without an
+    explicit message, ``str()`` names every bad field. It is also a ``ValueError`` so that
+    code written against plain validation keeps working.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        errors: Sequence[Mapping[str, Any]] = (),
+        task: str | None = None,
+    ) -> None:
+        self.errors: list[dict[str, Any]] = [dict(error) for error in errors]
+        self.task: str | None = task
+        if message is None and (self.errors or task):
+            message = _describe_payload(_default_message(type(self)), self.errors, task)
+        super().__init__(message)
+
+    @property
+    def fields(self) -> list[str]:
+        """The dotted location of every bad field, in error order."""
+        return [_loc(error.get("loc")) for error in self.errors]
+
+    @classmethod
+    def from_validation_error(
+        cls, exc: ValidationError, *, task: str | None = None
+    ) -> PayloadError:
+        """Wrap a pydantic ``ValidationError``, dropping the input values (they may hold
+        personal data and end up in logs and dead letters)."""
+        errors = [
+            {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_input=False, include_context=False)
+        ]
+        return cls(errors=errors, task=task)
+
+
+class QueueOverCapacity(LayerError):
+    """The queue is over capacity: the publish was refused.
+
+    Backpressure refuses a publish rather than let a queue grow without bound.
+    (Placeholder: the capacity check itself lands with the backpressure work.)
+    """
+
+    def __init__(self, message: str | None = None, *, queue: str = "") -> None:
+        self.queue: str = queue
+        if message is None and queue:
+            message = f"{_default_message(type(self)).rstrip('.')} (queue {queue!r})"
+        super().__init__(message)
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _seconds(value: float | None) -> float | None:
+    if value is None or math.isnan(value):
+        return None
+    return max(0.0, float(value))
+
+
+def _loc(loc: Any) -> str:
+    if isinstance(loc, str):
+        return loc or "(payload)"
+    if isinstance(loc, Sequence):
+        return ".".join(str(part) for part in loc) or "(payload)"
+    return "(payload)" if loc is None else str(loc)
+
+
+def _describe_payload(base: str, errors: list[dict[str, Any]], task: str | None) -> str:
+    where = f" for {task}" if task else ""
+    if not errors:
+        return f"{base.rstrip('.')}{where}"
+    parts = [
+        f"{_loc(e.get('loc'))}: {e.get('msg', 'invalid')} [{e.get('type', '?')}]" for e in errors
+    ]
+    return f"{base.rstrip('.')}{where}: " + "; ".join(parts)
+
+
+def _children(cls: type[ConventionsError]) -> list[type[ConventionsError]]:
+    # Only this module's classes: an application's own subclasses are not the layer's tree.
+    return [sub for sub in cls.__subclasses__() if sub.__module__ == __name__]
+
+
+def tree() -> str:
+    """Render the live class hierarchy from ``ConventionsError`` down, in definition order,
+    in the format the module docstring draws (so the drawing can never go stale)."""
+    lines = [ConventionsError.__name__]
+
+    def walk(cls: type[ConventionsError], prefix: str) -> None:
+        children = _children(cls)
+        for index, child in enumerate(children):
+            last = index == len(children) - 1
+            lines.append(f"{prefix}{'`-- ' if last else '+-- '}{child.__name__}")
+            walk(child, prefix + ("    " if last else "|   "))
+
+    walk(ConventionsError, "")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "ConfigurationError",
+    "ConventionsError",
+    "JobOutcome",
+    "LayerError",
+    "PayloadError",
+    "PermanentError",
+    "QueueOverCapacity",
+    "SkipJob",
+    "TransientError",
+    "UncertainOutcomeError",
+    "tree",
+]

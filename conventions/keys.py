@@ -1,0 +1,115 @@
+"""Every Redis key the layer writes, in one place.
+
+All keys live under one prefix (``cc:`` by default) so that a deployment can share a
+Redis database with other applications, and a test run can use a random prefix and
+delete exactly its own keys afterwards (``SCAN MATCH {prefix}*``).
+
+Layout (``{p}`` is the prefix)::
+
+    {p}dedup:{key}              string  job id holding the enqueue reservation (PX ttl)
+    {p}ledger:{key}             hash    state, owner, outcome (PX lease or PX keep)
+    {p}deliveries:{delivery}    string  claim counter of one delivery (PX delivery_ttl)
+    {p}dl:rec:{id}              hash    data (DeadLetter JSON), indexes (JSON key list)
+    {p}dl:all                   zset    id -> last_failed_at (POSIX seconds)
+    {p}dl:task:{task}           zset    same, one task
+    {p}dl:cat:{category}        zset    same, one category
+    {p}dl:cat-task:{cat}:{task} zset    same, one category and one task
+    {p}audit:log:{correlation}  list    AuditEvent JSON, append order (EXPIRE audit_ttl)
+    {p}audit:by-time            zset    correlation id -> time of its last event
+
+The category comes before the task in ``dl:cat-task:`` because categories never hold a
+colon while task names may: the key stays unambiguous.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: the prefix of every key when none is configured
+DEFAULT_PREFIX: Final = "cc:"
+
+#: enqueue dedup reservation of an idempotency key (value: the reserving job id)
+DEDUP: Final = "dedup:"
+#: execution ledger entry of an idempotency key (hash: state, owner, outcome)
+LEDGER: Final = "ledger:"
+#: how many times one delivery (a broker message) was claimed: poison detection
+DELIVERIES: Final = "deliveries:"
+
+#: one dead-letter record, by id
+DEAD_LETTER: Final = "dl:rec:"
+#: index of every dead letter by last failure time
+DEAD_LETTERS_ALL: Final = "dl:all"
+#: index of the dead letters of one task by last failure time
+DEAD_LETTERS_BY_TASK: Final = "dl:task:"
+#: index of the dead letters of one category by last failure time
+DEAD_LETTERS_BY_CATEGORY: Final = "dl:cat:"
+#: index of the dead letters of one category and one task by last failure time
+DEAD_LETTERS_BY_CATEGORY_TASK: Final = "dl:cat-task:"
+
+#: audit trail of one correlation id (a list, oldest first)
+AUDIT: Final = "audit:log:"
+#: index of correlation ids by the time of their last event, for purging
+AUDIT_BY_TIME: Final = "audit:by-time"
+
+
+def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The enqueue reservation key of idempotency key ``key``."""
+    return f"{prefix}{DEDUP}{key}"
+
+
+def ledger(key: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The execution ledger key of idempotency key ``key``."""
+    return f"{prefix}{LEDGER}{key}"
+
+
+def deliveries(delivery_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The claim counter of one delivery."""
+    return f"{prefix}{DELIVERIES}{delivery_id}"
+
+
+def dead_letter(record_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of one dead-letter record."""
+    return f"{prefix}{DEAD_LETTER}{record_id}"
+
+
+def dead_letters_index(
+    task: str | None = None, category: str | None = None, prefix: str = DEFAULT_PREFIX
+) -> str:
+    """The sorted set that indexes the dead letters matching ``task`` and ``category``.
+
+    Each filter combination has its own index, so a filtered listing reads exactly the
+    records it returns and never scans the others.
+    """
+    if task is not None and category is not None:
+        return f"{prefix}{DEAD_LETTERS_BY_CATEGORY_TASK}{category}:{task}"
+    if task is not None:
+        return f"{prefix}{DEAD_LETTERS_BY_TASK}{task}"
+    if category is not None:
+        return f"{prefix}{DEAD_LETTERS_BY_CATEGORY}{category}"
+    return f"{prefix}{DEAD_LETTERS_ALL}"
+
+
+def dead_letter_indexes(task: str, category: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Every index one record with this task and category belongs to."""
+    return [
+        dead_letters_index(prefix=prefix),
+        dead_letters_index(task=task, prefix=prefix),
+        dead_letters_index(category=category, prefix=prefix),
+        dead_letters_index(task=task, category=category, prefix=prefix),
+    ]
+
+
+def audit(correlation_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The audit trail (a list) of one correlation id."""
+    return f"{prefix}{AUDIT}{correlation_id}"
+
+
+def audit_by_time(prefix: str = DEFAULT_PREFIX) -> str:
+    """The sorted set of correlation ids by the time of their last event."""
+    return f"{prefix}{AUDIT_BY_TIME}"
+
+
+def pattern(prefix: str = DEFAULT_PREFIX) -> str:
+    """A ``SCAN MATCH`` pattern for every key under ``prefix`` (glob characters escaped)."""
+    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix)
+    return f"{escaped}*"

@@ -1,0 +1,130 @@
+"""Records the store keeps: dead letters and audit events.
+
+Plain frozen dataclasses with a JSON-ready ``to_dict`` / ``from_dict`` pair, so that
+both store backends (Redis keeps JSON, SQL keeps columns plus JSON) share one shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC (the only kind the store keeps)."""
+    return datetime.now(UTC)
+
+
+class Category(StrEnum):
+    """Why a job was dead-lettered."""
+
+    INVALID = "invalid"  #: the payload failed validation in the worker
+    PERMANENT = "permanent"  #: a permanent error: trying again cannot help
+    BUG = "bug"  #: an unclassified exception: a defect to fix, reported as an alert
+    EXHAUSTED = "exhausted"  #: transient failures until the attempts ran out
+    POISON = "poison"  #: the job kept killing its worker and was quarantined
+
+
+class ClaimStatus(StrEnum):
+    """What the execution ledger answered to a claim."""
+
+    CLAIMED = "claimed"  #: this execution owns the key now: run the body
+    DONE = "done"  #: the key already succeeded: skip the body
+    HELD = "held"  #: a live execution holds the lease: defer, do not run, do not drop
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The ledger's answer to a claim."""
+
+    status: ClaimStatus
+    #: the execution that holds the key (``HELD``) or finished it (``DONE``)
+    holder: str | None = None
+    #: how many times the key was claimed for this delivery id, this claim included
+    deliveries: int = 0
+    #: the recorded outcome when ``DONE``
+    outcome: str | None = None
+
+
+def _dt(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A job that failed for good, kept with everything needed to triage and replay it."""
+
+    id: str
+    task: str
+    task_id: str
+    category: Category
+    payload: dict[str, Any]
+    headers: dict[str, Any]
+    idempotency_key: str | None
+    exc_type: str
+    #: scrubbed and truncated exception message
+    message: str
+    #: scrubbed and truncated traceback (empty when there is none, e.g. ``invalid``)
+    traceback: str
+    attempts: int
+    first_failed_at: datetime
+    last_failed_at: datetime
+    worker: str
+    queue: str | None = None
+    correlation_id: str | None = None
+    #: when the record was replayed (it is kept, marked, for the audit)
+    replayed_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["category"] = str(self.category)
+        for name in ("first_failed_at", "last_failed_at", "replayed_at"):
+            value = data[name]
+            data[name] = value.isoformat() if value is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeadLetter:
+        values = dict(data)
+        values["category"] = Category(values["category"])
+        values["first_failed_at"] = _dt(values["first_failed_at"])
+        values["last_failed_at"] = _dt(values["last_failed_at"])
+        values["replayed_at"] = _dt(values.get("replayed_at"))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One lifecycle step of one job, findable by correlation id.
+
+    ``event`` is one of ``published``, ``deduplicated``, ``started``, ``retried``,
+    ``deferred``, ``succeeded``, ``skipped_duplicate``, ``dead_lettered``, ``replayed``,
+    ``quarantined``.
+    """
+
+    event: str
+    task: str
+    task_id: str
+    correlation_id: str
+    causation_id: str | None = None
+    idempotency_key: str | None = None
+    attempt: int = 0
+    at: datetime = field(default_factory=utcnow)
+    #: small JSON-ready details: a delay, a reason, a category, an actor
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["at"] = self.at.isoformat()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AuditEvent:
+        values = dict(data)
+        at = _dt(values.pop("at", None))
+        return cls(at=at or utcnow(), **values)

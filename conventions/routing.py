@@ -1,0 +1,57 @@
+"""Workloads -> queues.
+
+A task declares its *workload* (``email``, ``light``, ``heavy``...), never its queue:
+the mapping from workloads to queues lives in one setting, ``conventions_workloads``,
+and both ``task_routes`` and ``task_queues`` are built from it. Task-level ``queue=``
+is deprecated in Celery 5.7, and a queue named in code is a queue nobody may consume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kombu import Exchange, Queue
+
+#: the workloads known when a project declares none: two lanes, light and heavy
+DEFAULT_WORKLOADS: Mapping[str, str] = {"email": "email", "light": "email", "heavy": "heavy"}
+
+
+def workloads(conf: Any) -> Mapping[str, str]:
+    """The workload -> queue map of an app's configuration."""
+    value = conf.get("conventions_workloads") if hasattr(conf, "get") else None
+    return value or DEFAULT_WORKLOADS
+
+
+def queues_for(mapping: Mapping[str, str]) -> tuple[Queue, ...]:
+    """Durable direct queues, one per distinct queue name, in a stable order."""
+    names = sorted(set(mapping.values()))
+    return tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in names)
+
+
+class WorkloadRouter:
+    """A Celery router: sends each convention task to its workload's queue.
+
+    Used as ``task_routes = (WorkloadRouter(WORKLOADS),)``; tasks without a declared
+    workload fall through to Celery's other routes and the default queue.
+    """
+
+    def __init__(self, mapping: Mapping[str, str]) -> None:
+        self.mapping = dict(mapping)
+
+    def __call__(
+        self,
+        name: str,
+        args: Any,
+        kwargs: Any,
+        options: Any,
+        task: Any = None,
+        **kw: Any,
+    ) -> dict[str, str] | None:
+        workload = getattr(task, "workload", None)
+        if workload is None:
+            return None
+        queue = self.mapping.get(workload)
+        if queue is None:
+            return None
+        return {"queue": queue, "routing_key": queue}

@@ -1,0 +1,76 @@
+"""The layer's own settings, read from the Celery app's configuration with defaults.
+
+``celeryconfig.py`` is the only place that reads the environment; this module only reads
+``app.conf``. Every setting is listed in ``docs/reference/settings.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: seconds a ledger lease lasts before another execution may take the key over
+DEFAULT_LEASE = 30.0
+#: a job claimed this many times for one attempt without finishing is a poison pill
+DEFAULT_MAX_DELIVERIES = 3
+#: how long a succeeded key is remembered by the ledger (seconds)
+DEFAULT_LEDGER_KEEP = 7 * 86400.0
+#: hard time limit of a task that declares none (seconds)
+DEFAULT_TIME_LIMIT = 300.0
+#: Redis visibility timeout Celery uses when none is configured (seconds)
+CELERY_REDIS_VISIBILITY = 3600.0
+#: margin kept between the longest countdown and the visibility timeout (seconds)
+COUNTDOWN_MARGIN = 60.0
+#: longest countdown on brokers without a visibility timeout (RabbitMQ's consumer timeout
+#: is 30 minutes by default, and a worker holds an ETA message unacked until it is due)
+DEFAULT_MAX_COUNTDOWN = 900.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The layer's settings for one app."""
+
+    store_url: str | None
+    lease: float
+    max_deliveries: int
+    ledger_keep: float
+    default_time_limit: float
+    workload_time_limits: dict[str, float]
+    max_countdown: float
+
+
+def _broker_url(conf: Any) -> str:
+    url = conf.get("broker_url") or ""
+    return url if isinstance(url, str) else ""
+
+
+def max_countdown(conf: Any) -> float:
+    """The longest safe countdown: below the Redis visibility timeout, with a margin.
+
+    Redis redelivers a message that stays unacked longer than the visibility timeout,
+    and a worker keeps an ETA message unacked until it is due (celery/kombu#337).
+    """
+    explicit = conf.get("conventions_max_countdown")
+    if explicit:
+        return float(explicit)
+    url = _broker_url(conf)
+    if url.startswith(("redis", "rediss", "sentinel")):
+        options = conf.get("broker_transport_options") or {}
+        visibility = float(options.get("visibility_timeout", CELERY_REDIS_VISIBILITY))
+        return max(visibility - COUNTDOWN_MARGIN, 1.0)
+    return DEFAULT_MAX_COUNTDOWN
+
+
+def read(conf: Any) -> Settings:
+    """The settings of ``conf`` (a Celery ``app.conf``)."""
+    return Settings(
+        store_url=conf.get("conventions_store_url"),
+        lease=float(conf.get("conventions_lease_seconds") or DEFAULT_LEASE),
+        max_deliveries=int(conf.get("conventions_max_deliveries") or DEFAULT_MAX_DELIVERIES),
+        ledger_keep=float(conf.get("conventions_ledger_keep_seconds") or DEFAULT_LEDGER_KEEP),
+        default_time_limit=float(
+            conf.get("conventions_default_time_limit") or DEFAULT_TIME_LIMIT
+        ),
+        workload_time_limits=dict(conf.get("conventions_workload_time_limits") or {}),
+        max_countdown=max_countdown(conf),
+    )

@@ -1,0 +1,95 @@
+"""The store interface: one contract, two backends (Redis and SQL).
+
+The store keeps what the layer needs beside the broker: enqueue dedup reservations,
+the execution ledger (with per-delivery counts for poison detection), dead letters and
+the audit trail. Every uniqueness rule is enforced by the store itself (``SET NX``, a
+unique row, a Lua script or a conditional ``UPDATE``), never by a read-then-write.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from conventions.records import AuditEvent, Category, Claim, DeadLetter
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What both backends implement; ``tests/integration/test_store_contract.py`` checks it."""
+
+    # -- enqueue dedup ---------------------------------------------------------------
+    def reserve(self, key: str, job_id: str, ttl: float | None) -> str | None:
+        """Reserve ``key`` for ``job_id`` atomically.
+
+        Returns None when the reservation is ours, else the job id that holds it.
+        ``ttl`` (seconds) bounds the reservation; None keeps it until released.
+        """
+        ...
+
+    def unreserve(self, key: str, job_id: str) -> None:
+        """Drop the reservation, only if ``job_id`` still holds it."""
+        ...
+
+    # -- execution ledger --------------------------------------------------------------
+    def claim(self, key: str, owner: str, lease: float, delivery_id: str) -> Claim:
+        """Claim ``key`` for the execution ``owner`` for ``lease`` seconds.
+
+        Free key, or a lease that expired (its owner died): the claim is taken and the
+        delivery counter of ``delivery_id`` is incremented and returned. Key already done:
+        ``DONE`` with its outcome. Key held by a live lease: ``HELD``. One round trip.
+        """
+        ...
+
+    def renew(self, key: str, owner: str, lease: float) -> bool:
+        """Extend ``owner``'s lease; False when the lease is no longer ours."""
+        ...
+
+    def complete(
+        self, key: str, owner: str, outcome: str, keep: float, reserved_by: str | None
+    ) -> None:
+        """Record ``key`` as done for ``keep`` seconds and drop the enqueue reservation
+        held by ``reserved_by`` (when given), in one round trip."""
+        ...
+
+    def release(self, key: str, owner: str, reserved_by: str | None) -> None:
+        """Give the claim up (retryable failure, dead letter) if ``owner`` still holds it,
+        and drop the enqueue reservation held by ``reserved_by`` (when given)."""
+        ...
+
+    # -- dead letters -------------------------------------------------------------------
+    def put_dead_letter(self, record: DeadLetter) -> None:
+        """Store (or overwrite, by id) a dead-letter record."""
+        ...
+
+    def get_dead_letter(self, record_id: str) -> DeadLetter | None: ...
+
+    def list_dead_letters(
+        self,
+        task: str | None = None,
+        category: Category | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[DeadLetter]:
+        """Newest first, filtered; never scans more than needed for ``limit`` records
+        of the filter (indexes, not full scans)."""
+        ...
+
+    def count_dead_letters(self) -> int: ...
+
+    def delete_dead_letter(self, record_id: str) -> bool: ...
+
+    def purge_dead_letters(self, older_than: datetime) -> int:
+        """Delete records whose last failure is before ``older_than``; return how many."""
+        ...
+
+    # -- audit trail --------------------------------------------------------------------
+    def add_audit(self, event: AuditEvent) -> None: ...
+
+    def audit_for(self, correlation_id: str) -> list[AuditEvent]:
+        """Every event of one correlation id, oldest first."""
+        ...
+
+    def purge_audit(self, older_than: datetime) -> int: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,403 @@
+"""The SQL store: the same contract on PostgreSQL (psycopg 3) or SQLite, with Core only.
+
+Uniqueness is the primary key's job, never a read-then-write: a claim or a reservation is
+one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE <expired> RETURNING key``, and a returned
+row says it took the key. PostgreSQL locks the conflicting row, so of fifty concurrent claims one
+inserts and the others see its live lease; SQLite runs every write transaction as
+``BEGIN IMMEDIATE`` (plus a busy timeout), so writers queue instead of failing.
+
+Times are timezone-aware UTC in Python; PostgreSQL keeps ``timestamptz`` and SQLite keeps
+naive UTC text (fixed width, so text order is time order). Expiry is compared with the
+clock of the process that writes, so workers need synchronised clocks (NTP), as with any
+lease. Expired rows stay until the next writer of the same key replaces them; they never
+answer as live.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
+
+from conventions.records import (
+    AuditEvent,
+    Category,
+    Claim,
+    ClaimStatus,
+    DeadLetter,
+    utcnow,
+)
+
+#: seconds a SQLite writer waits for the write lock before giving up
+SQLITE_BUSY_TIMEOUT = 30.0
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every dialect (naive input is taken as UTC)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            value = datetime.fromisoformat(str(value))
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def make_engine(url: str) -> sa.Engine:
+    """An engine configured for the store: on SQLite, a busy timeout and write
+    transactions that take the write lock up front (``BEGIN IMMEDIATE``).
+
+    Use it too when passing an engine of your own to :class:`SQLStore` for SQLite.
+    """
+    if sa.make_url(url).get_backend_name() != "sqlite":
+        return sa.create_engine(url, pool_pre_ping=True)
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # sqlite3 would otherwise BEGIN (deferred) on its own, only before writes
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: sa.Connection) -> None:
+        read_only = connection.get_execution_options().get("cc_read_only", False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+class SQLStore:
+    """The :class:`~conventions.store.base.Store` contract on PostgreSQL or SQLite.
+
+    Thread-safe (the engine's pool gives each call its own connection). The tables are
+    ``{table_prefix}dedup``, ``ledger``, ``deliveries``, ``dead_letters`` and ``audit``,
+    created when missing. An engine passed in is left open by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.Engine,
+        table_prefix: str = "cc_",
+        delivery_ttl: float = 7 * 86400,
+    ) -> None:
+        self._owns_engine = isinstance(url_or_engine, str)
+        self.engine = (
+            make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        )
+        dialect = self.engine.dialect.name
+        if dialect not in ("postgresql", "sqlite"):
+            self.close()
+            raise ValueError(f"SQLStore supports postgresql and sqlite, not {dialect!r}")
+        self._postgres = dialect == "postgresql"
+        self.delivery_ttl = delivery_ttl
+        self.metadata = sa.MetaData()
+        self.dedup, self.ledger, self.deliveries, self.dead_letters, self.audit = _tables(
+            self.metadata, table_prefix
+        )
+        try:
+            self.metadata.create_all(self.engine, checkfirst=True)
+        except sa.exc.DBAPIError:
+            # another process created the same tables between our check and our CREATE
+            self.metadata.create_all(self.engine, checkfirst=True)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _upsert(
+        self,
+        table: sa.Table,
+        values: Mapping[str, Any],
+        where: sa.ColumnElement[bool] | None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> sa.Insert:
+        """``INSERT values ON CONFLICT (pk) DO UPDATE SET <the same values> WHERE where``."""
+        (key,) = table.primary_key.columns
+        insert = (postgresql.insert if self._postgres else sqlite.insert)(table).values(values)
+        update = {name: insert.excluded[name] for name in values if name != key.name}
+        return insert.on_conflict_do_update(
+            index_elements=[key], set_={**update, **(overrides or {})}, where=where
+        )
+
+    def _read(self) -> sa.Connection:
+        """A connection for reads (a plain ``BEGIN`` on SQLite: readers do not queue)."""
+        return self.engine.connect().execution_options(cc_read_only=True)
+
+    # -- enqueue dedup -------------------------------------------------------------------
+    def reserve(self, key: str, job_id: str, ttl: float | None) -> str | None:
+        """Insert the reservation, or take over an expired one; else answer the holder."""
+        now = utcnow()
+        t = self.dedup
+        expires = None if ttl is None else now + timedelta(seconds=ttl)
+        taken = self._upsert(
+            t,
+            {"key": key, "job_id": job_id, "expires_at": expires},
+            where=sa.and_(t.c.expires_at.is_not(None), t.c.expires_at <= now),
+        ).returning(t.c.key)
+        with self.engine.begin() as conn:
+            if conn.execute(taken).first() is not None:
+                return None
+            holder = conn.execute(sa.select(t.c.job_id).where(t.c.key == key)).scalar_one()
+        return None if holder == job_id else str(holder)
+
+    def unreserve(self, key: str, job_id: str) -> None:
+        t = self.dedup
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(t).where(t.c.key == key, t.c.job_id == job_id))
+
+    # -- execution ledger ----------------------------------------------------------------
+    def claim(self, key: str, owner: str, lease: float, delivery_id: str) -> Claim:
+        """Take the row if free or expired (one upsert); then count the delivery."""
+        now = utcnow()
+        t, d = self.ledger, self.deliveries
+        taken = self._upsert(
+            t,
+            {
+                "key": key,
+                "state": "running",
+                "owner": owner,
+                "lease_until": now + timedelta(seconds=lease),
+                "outcome": None,
+                "updated_at": now,
+            },
+            where=t.c.lease_until < now,
+        ).returning(t.c.key)
+        counted = self._upsert(
+            d,
+            {
+                "delivery_id": delivery_id,
+                "count": 1,
+                "expires_at": now + timedelta(seconds=self.delivery_ttl),
+            },
+            where=None,
+            overrides={"count": sa.case((d.c.expires_at < now, 1), else_=d.c.count + 1)},
+        ).returning(d.c.count)
+        with self.engine.begin() as conn:
+            if conn.execute(taken).first() is not None:
+                count = conn.execute(counted).scalar_one()
+                return Claim(ClaimStatus.CLAIMED, holder=owner, deliveries=int(count))
+            # the upsert locked the live row (PostgreSQL) or we hold the write lock (SQLite)
+            state, holder, outcome = conn.execute(
+                sa.select(t.c.state, t.c.owner, t.c.outcome).where(t.c.key == key)
+            ).one()
+        if state == "done":
+            return Claim(ClaimStatus.DONE, holder=holder, outcome=outcome)
+        return Claim(ClaimStatus.HELD, holder=holder)
+
+    def renew(self, key: str, owner: str, lease: float) -> bool:
+        now = utcnow()
+        t = self.ledger
+        renewed = (
+            sa.update(t)
+            .where(
+                t.c.key == key, t.c.state == "running", t.c.owner == owner, t.c.lease_until > now
+            )
+            .values(lease_until=now + timedelta(seconds=lease), updated_at=now)
+        )
+        with self.engine.begin() as conn:
+            return conn.execute(renewed).rowcount == 1
+
+    def complete(
+        self, key: str, owner: str, outcome: str, keep: float, reserved_by: str | None
+    ) -> None:
+        """Done if the lease is still ours or has expired (the result stands)."""
+        now = utcnow()
+        t = self.ledger
+        done = self._upsert(
+            t,
+            {
+                "key": key,
+                "state": "done",
+                "owner": owner,
+                "lease_until": now + timedelta(seconds=keep),
+                "outcome": outcome,
+                "updated_at": now,
+            },
+            where=sa.or_(
+                sa.and_(t.c.state == "running", t.c.owner == owner), t.c.lease_until < now
+            ),
+        )
+        with self.engine.begin() as conn:
+            conn.execute(done)
+            self._drop_reservation(conn, key, reserved_by)
+
+    def release(self, key: str, owner: str, reserved_by: str | None) -> None:
+        t = self.ledger
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.delete(t).where(t.c.key == key, t.c.state == "running", t.c.owner == owner)
+            )
+            self._drop_reservation(conn, key, reserved_by)
+
+    def _drop_reservation(self, conn: sa.Connection, key: str, reserved_by: str | None) -> None:
+        if reserved_by is not None:
+            t = self.dedup
+            conn.execute(sa.delete(t).where(t.c.key == key, t.c.job_id == reserved_by))
+
+    # -- dead letters --------------------------------------------------------------------
+    def put_dead_letter(self, record: DeadLetter) -> None:
+        stored = self._upsert(
+            self.dead_letters,
+            {
+                "id": record.id,
+                "task": record.task,
+                "task_id": record.task_id,
+                "category": str(record.category),
+                "last_failed_at": record.last_failed_at,
+                "data": json.dumps(record.to_dict()),
+            },
+            where=None,
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stored)
+
+    def get_dead_letter(self, record_id: str) -> DeadLetter | None:
+        t = self.dead_letters
+        with self._read() as conn:
+            data = conn.execute(sa.select(t.c.data).where(t.c.id == record_id)).scalar()
+        return None if data is None else DeadLetter.from_dict(json.loads(data))
+
+    def list_dead_letters(
+        self,
+        task: str | None = None,
+        category: Category | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[DeadLetter]:
+        """Newest first (ties by id, descending), served by the time indexes."""
+        if limit <= 0:
+            return []
+        t = self.dead_letters
+        query = sa.select(t.c.data).order_by(t.c.last_failed_at.desc(), t.c.id.desc())
+        if task is not None:
+            query = query.where(t.c.task == task)
+        if category is not None:
+            query = query.where(t.c.category == str(category))
+        if since is not None:
+            query = query.where(t.c.last_failed_at >= since)
+        with self._read() as conn:
+            rows = conn.execute(query.limit(limit)).scalars().all()
+        return [DeadLetter.from_dict(json.loads(data)) for data in rows]
+
+    def count_dead_letters(self) -> int:
+        with self._read() as conn:
+            return int(
+                conn.execute(sa.select(sa.func.count()).select_from(self.dead_letters)).scalar_one()
+            )
+
+    def delete_dead_letter(self, record_id: str) -> bool:
+        t = self.dead_letters
+        with self.engine.begin() as conn:
+            return conn.execute(sa.delete(t).where(t.c.id == record_id)).rowcount == 1
+
+    def purge_dead_letters(self, older_than: datetime) -> int:
+        t = self.dead_letters
+        with self.engine.begin() as conn:
+            return conn.execute(sa.delete(t).where(t.c.last_failed_at < older_than)).rowcount
+
+    # -- audit trail ---------------------------------------------------------------------
+    def add_audit(self, event: AuditEvent) -> None:
+        row = {
+            "correlation_id": event.correlation_id,
+            "at": event.at,
+            "data": json.dumps(event.to_dict()),
+        }
+        with self.engine.begin() as conn:
+            conn.execute(sa.insert(self.audit).values(row))
+
+    def audit_for(self, correlation_id: str) -> list[AuditEvent]:
+        """In event time order (insertion order among equal times)."""
+        t = self.audit
+        query = (
+            sa.select(t.c.data).where(t.c.correlation_id == correlation_id).order_by(t.c.at, t.c.id)
+        )
+        with self._read() as conn:
+            rows = conn.execute(query).scalars().all()
+        return [AuditEvent.from_dict(json.loads(data)) for data in rows]
+
+    def purge_audit(self, older_than: datetime) -> int:
+        """Drops whole trails whose last event is before ``older_than``; counts events.
+
+        Same rule as the Redis store: a trail with one recent event is kept whole.
+        """
+        t = self.audit
+        recent = sa.select(t.c.correlation_id).where(t.c.at >= older_than)
+        purge = sa.delete(t).where(t.c.at < older_than, t.c.correlation_id.not_in(recent))
+        with self.engine.begin() as conn:
+            return conn.execute(purge).rowcount
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+
+def _tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, ...]:
+    """The five tables, named ``{p}<name>`` (index names carry the prefix too: PostgreSQL
+    index names share the schema's namespace)."""
+    dedup = sa.Table(
+        f"{p}dedup",
+        metadata,
+        sa.Column("key", sa.String, primary_key=True),
+        sa.Column("job_id", sa.String, nullable=False),
+        #: null: kept until released
+        sa.Column("expires_at", UTCDateTime, nullable=True),
+    )
+    ledger = sa.Table(
+        f"{p}ledger",
+        metadata,
+        sa.Column("key", sa.String, primary_key=True),
+        sa.Column("state", sa.String(16), nullable=False),  # running | done
+        sa.Column("owner", sa.String, nullable=False),
+        # running: end of the lease; done: end of the keep period
+        sa.Column("lease_until", UTCDateTime, nullable=False),
+        sa.Column("outcome", sa.Text, nullable=True),
+        sa.Column("updated_at", UTCDateTime, nullable=False),
+    )
+    deliveries = sa.Table(
+        f"{p}deliveries",
+        metadata,
+        sa.Column("delivery_id", sa.String, primary_key=True),
+        sa.Column("count", sa.Integer, nullable=False),
+        sa.Column("expires_at", UTCDateTime, nullable=False),
+    )
+    dead_letters = sa.Table(
+        f"{p}dead_letters",
+        metadata,
+        sa.Column("id", sa.String, primary_key=True),
+        sa.Column("task", sa.String, nullable=False),
+        sa.Column("task_id", sa.String, nullable=False),
+        sa.Column("category", sa.String(16), nullable=False),
+        sa.Column("last_failed_at", UTCDateTime, nullable=False),
+        sa.Column("data", sa.Text, nullable=False),
+        sa.Index(f"ix_{p}dead_letters_time", "last_failed_at"),
+        sa.Index(f"ix_{p}dead_letters_task_time", "task", "last_failed_at"),
+        sa.Index(f"ix_{p}dead_letters_category_time", "category", "last_failed_at"),
+    )
+    audit = sa.Table(
+        f"{p}audit",
+        metadata,
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
+        sa.Column("correlation_id", sa.String, nullable=False),
+        sa.Column("at", UTCDateTime, nullable=False),
+        sa.Column("data", sa.Text, nullable=False),
+        sa.Index(f"ix_{p}audit_correlation", "correlation_id"),
+        sa.Index(f"ix_{p}audit_at", "at"),
+    )
+    return dedup, ledger, deliveries, dead_letters, audit

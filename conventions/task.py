@@ -1,0 +1,189 @@
+"""The base task: validate before publishing, validate again in the worker, then run
+the body under the idempotency ledger and turn its outcome into one decision.
+
+Publish: kwargs -> payload model (a bad call raises here, nothing is enqueued) ->
+idempotency key -> enqueue dedup -> our headers -> Celery.
+Run: headers -> correlation context -> payload model (a bad message is dead-lettered
+as ``invalid``) -> ledger claim (done: skip; held: defer; too many deliveries: poison)
+-> body(payload, ctx) -> decision (retry with backoff / dead letter / skip).
+"""
+
+from __future__ import annotations
+
+import string
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, ClassVar, cast
+
+from celery import Task
+from celery.result import AsyncResult
+
+from conventions import audit, context, runner
+from conventions.backoff import Backoff
+from conventions.decisions import DEFAULT_TABLE, DecisionTable
+from conventions.errors import ConfigurationError, PayloadError
+from conventions.payloads import Payload
+from conventions.records import utcnow
+from conventions.runner import READY
+from conventions.settings import Settings
+from conventions.store.base import Store
+
+KeyTemplate = str | Callable[[Any], str]
+
+
+class DuplicateResult(AsyncResult):  # type: ignore[misc]
+    """The handle of the job that already holds this idempotency key."""
+
+    deduplicated = True
+
+
+def template_fields(template: str) -> list[str]:
+    """The field names a key template uses (``"receipt:{order_id}"`` -> ``["order_id"]``)."""
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+
+
+class ConventionTask(Task):  # type: ignore[misc]
+    """Base class of every convention task; declare tasks with ``app.job(...)``."""
+
+    typing = False
+    max_retries = None  # attempts are ours: see ``backoff``
+    acks_late = True
+    reject_on_worker_lost = True
+
+    #: the pydantic payload model
+    payload: ClassVar[type[Payload]]
+    #: the idempotency key template over payload fields, or a callable of the payload
+    key: ClassVar[KeyTemplate]
+    #: the workload the routing maps to a queue
+    workload: ClassVar[str]
+    #: may an operator replay this task's dead letters without ``--force``?
+    replayable: ClassVar[bool] = True
+    #: enqueue dedup window: "until_done", "forever", a TTL in seconds, or None (off)
+    dedup: ClassVar[str | float | None] = "until_done"
+    backoff: ClassVar[Backoff] = Backoff()
+    decisions: ClassVar[DecisionTable] = DEFAULT_TABLE
+    #: called with (payload, ctx) before the body when the last attempt was uncertain
+    reconcile: ClassVar[Callable[..., Any] | None] = None
+    #: for an upcaster: turns this task's payload into ``upcast_into``'s payload
+    upcast: ClassVar[Callable[[Any], Payload] | None] = None
+    upcast_into: ClassVar[ConventionTask | None] = None
+
+    # -- helpers ---------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        return cast(Settings, self.app.conventions_settings)
+
+    @property
+    def store(self) -> Store:
+        return cast(Store, self.app.store)
+
+    def key_for(self, payload: Payload) -> str:
+        """The idempotency key of ``payload``."""
+        if callable(self.key):
+            return str(self.key(payload))
+        return self.key.format(**payload.model_dump(mode="json"))
+
+    def _body_task(self) -> ConventionTask:
+        return self.upcast_into if self.upcast_into is not None else self
+
+    # -- publish -----------------------------------------------------------------------
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: Any = None,
+        **options: Any,
+    ) -> AsyncResult:
+        """Validate, dedup and publish; a bad call raises here and enqueues nothing."""
+        if options.pop(READY, False):
+            options[READY] = True
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        if args:
+            raise PayloadError(
+                f"{self.name} takes keyword arguments only: call .delay(field=value, ...)",
+                errors=[{"loc": [], "msg": "positional arguments are refused", "type": "args"}],
+                task=self.name,
+            )
+        payload = self.payload.parse(dict(kwargs or {}), task=self.name)
+        data = payload.to_message()
+        self._check_delay(options)
+        explicit_key = options.pop("idempotency_key", None)
+        key = str(explicit_key) if explicit_key else self._body_task().key_for(
+            self.upcast(payload) if self.upcast is not None else payload
+        )
+        headers = context.outgoing(options.pop("headers", None))
+        headers[context.IDEMPOTENCY_KEY] = key
+        headers.setdefault(context.ENQUEUED_AT, utcnow().isoformat())
+        task_id = task_id or str(uuid.uuid4())
+        store = self.store
+        if self.dedup is not None:
+            holder = store.reserve(key, task_id, self._dedup_ttl())
+            if holder is not None:
+                audit.record(store, "deduplicated", self.name, holder, headers, detail={
+                    "duplicate_of": holder})
+                dup = DuplicateResult(holder, app=self.app)
+                return dup
+        try:
+            result = super().apply_async(
+                (), data, task_id, producer, link, link_error, shadow,
+                headers=headers, kwargsrepr=_kwargsrepr(data, headers), **{READY: True},
+                **options,
+            )
+        except BaseException:
+            if self.dedup is not None:
+                store.unreserve(key, task_id)
+            raise
+        audit.record(store, "published", self.name, task_id, headers)
+        result.deduplicated = False
+        return result
+
+    def _dedup_ttl(self) -> float | None:
+        if isinstance(self.dedup, int | float):
+            return float(self.dedup)
+        if self.dedup == "forever":
+            return None
+        return self.settings.ledger_keep  # "until_done": released at the end, bounded
+
+    def _check_delay(self, options: dict[str, Any]) -> None:
+        countdown = options.get("countdown")
+        eta = options.get("eta")
+        if eta is not None and isinstance(eta, datetime):
+            countdown = (eta - utcnow()).total_seconds()
+        limit = self.settings.max_countdown
+        if countdown is not None and float(countdown) > limit:
+            raise ConfigurationError(
+                f"{self.name}: a countdown of {float(countdown):.0f}s is beyond the broker's "
+                f"safe maximum of {limit:.0f}s (Redis redelivers unacked ETA messages after "
+                "the visibility timeout): raise broker_transport_options['visibility_timeout'] "
+                "or schedule the job later with beat"
+            )
+
+    # -- run ---------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            raise ConfigurationError(
+                f"{self.name} runs in a worker: publish it with .delay(), or call the "
+                "body function directly in a unit test"
+            )
+        trace = context.from_request(request)
+        token = context.activate(context.for_child(trace, request.id))
+        try:
+            return runner.run(self, request, trace, args, kwargs)
+        finally:
+            context.reset(token)
+
+
+def _kwargsrepr(data: dict[str, Any], headers: dict[str, Any]) -> str:
+    """What Flower shows as kwargs: the payload plus the correlation id (display only)."""
+    shown = dict(data)
+    shown["~correlation"] = headers.get(context.CORRELATION)
+    return repr(shown)
+

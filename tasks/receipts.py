@@ -1,0 +1,72 @@
+"""``email.send_receipt.v1``: send an order's receipt once.
+
+The receipt has a deterministic Message-ID (``<receipt.ord_1@shop.example>``), so a
+mail server or a person can tell a resend from a second receipt. The send is recorded in
+the same transaction as the ``once`` marker: a crash after the SMTP server accepted the
+mail and before the commit can send it again (at-least-once at the SMTP boundary, see
+docs/discussions/delivery-guarantees.md); nothing else can.
+"""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+from email.message import EmailMessage
+from urllib.parse import urlparse
+
+from conventions import Id, JobContext, Payload, PermanentError
+from conventions.once import once
+from tasks import app, db, shop
+
+logger = logging.getLogger(__name__)
+
+
+class SendReceipt(Payload):
+    """Which order's receipt to send."""
+
+    order_id: Id
+
+
+def message_id(order_id: str) -> str:
+    """The receipt's deterministic Message-ID."""
+    return f"<receipt.{order_id}@shop.example>"
+
+
+def _deliver(mail: EmailMessage) -> None:
+    url = app.conf.shop_smtp_url
+    if not url:
+        logger.info("receipt %s recorded (no SMTP_URL set)", mail["Message-ID"])
+        return
+    parsed = urlparse(str(url))
+    with smtplib.SMTP(parsed.hostname or "localhost", parsed.port or 25, timeout=10) as smtp:
+        smtp.send_message(mail)
+
+
+@app.job("email.send_receipt.v1", payload=SendReceipt, key="receipt:{order_id}", workload="email")
+def send_receipt(payload: SendReceipt, ctx: JobContext) -> str:
+    """Send the receipt of ``payload.order_id`` unless it was already sent."""
+    with db.transaction() as session:
+        order = session.get(shop.Order, payload.order_id)
+        if order is None:
+            raise PermanentError(f"unknown order {payload.order_id}")
+        customer = session.get(shop.Customer, order.customer_id)
+        assert customer is not None
+        if not once(session, ctx.idempotency_key):
+            return "already sent"
+        mail = EmailMessage()
+        mail["Message-ID"] = message_id(order.id)
+        mail["From"] = "shop@shop.example"
+        mail["To"] = customer.email
+        mail["Subject"] = f"Your receipt for order {order.id}"
+        mail.set_content(f"Paid: {order.paid_minor / 100:.2f} {order.currency}")
+        session.add(
+            shop.SentEmail(
+                order_id=order.id,
+                message_id=mail["Message-ID"],
+                recipient=customer.email,
+                subject=mail["Subject"],
+            )
+        )
+        session.flush()
+        _deliver(mail)
+    return "sent"

@@ -1,0 +1,27 @@
+"""Test environment: real Redis and PostgreSQL, isolated per run.
+
+The environment is set here, before ``celeryconfig`` is imported: the broker and the
+store get their own Redis database numbers, the shop its own PostgreSQL database (made
+lazily, so unit tests need neither). Without Redis or PostgreSQL a laptop run skips the
+tests that need them; in CI (``CI`` set) it fails instead (dramatiq's rule).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+REDIS_BASE = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
+BROKER_DB = int(os.environ.get("TEST_BROKER_DB", "10"))
+STORE_DB = int(os.environ.get("TEST_STORE_DB", "11"))
+PG_BASE = os.environ.get("TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
+SHOP_DB = f"cc_shop_{uuid.uuid4().hex[:8]}"
+
+os.environ.pop("CELERY_BROKER_URL", None)
+os.environ.pop("CELERY_RESULT_BACKEND", None)
+os.environ["REDIS_URL"] = f"{REDIS_BASE}/{BROKER_DB}"
+os.environ["CONVENTIONS_STORE_URL"] = f"{REDIS_BASE}/{STORE_DB}"
+os.environ["DATABASE_URL"] = f"{PG_BASE}/{SHOP_DB}"
+os.environ["CONVENTIONS_LEASE_SECONDS"] = "3"
+os.environ.pop("SMTP_URL", None)
+os.environ.pop("SENTRY_DSN", None)

@@ -1,0 +1,167 @@
+"""Fixtures for tests against real services and real workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import BROKER_DB, PG_BASE, REDIS_BASE, SHOP_DB, STORE_DB
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    message = f"{what} is not reachable ({exc}); start it (see README: make test does)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def broker_redis() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}", decode_responses=True)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        _unavailable("Redis", exc)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def store_redis() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(f"{REDIS_BASE}/{STORE_DB}", decode_responses=True)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        _unavailable("Redis", exc)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def shop_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for the shop, dropped at the end of the run."""
+    import psycopg
+
+    admin_url = PG_BASE.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    try:
+        admin = psycopg.connect(admin_url, autocommit=True)
+    except psycopg.Error as exc:
+        _unavailable("PostgreSQL", exc)
+    with admin:
+        admin.execute(f'CREATE DATABASE "{SHOP_DB}"')
+    url = os.environ["DATABASE_URL"]
+    from tasks import db, shop
+
+    with db.transaction() as session:
+        shop.seed(session, customers=3, orders=20)
+    yield url
+    if db._engine is not None:
+        db._engine.dispose()
+        db._engine = None
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{SHOP_DB}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def services(broker_redis: redis.Redis, store_redis: redis.Redis, shop_database: str) -> None:
+    """Every real service the integration tests need, isolated for this run."""
+
+
+@pytest.fixture
+def clean_store(services: None, store_redis: redis.Redis) -> redis.Redis:
+    """The layer's store, emptied before the test."""
+    store_redis.flushdb()
+    return store_redis
+
+
+@pytest.fixture(scope="session")
+def thread_worker(services: None) -> Iterator[Any]:
+    """An in-process worker (threads) on both queues: fast, for most integration tests."""
+    from celery.contrib.testing.worker import start_worker
+
+    from tasks import app
+
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=4,
+        queues=["email", "heavy"],
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=20,
+    ) as worker:
+        yield worker
+
+
+class WorkerProcess:
+    """A real ``celery -A tasks worker`` subprocess."""
+
+    def __init__(self, name: str, queues: str, log: Path, concurrency: int, env: dict[str, str]):
+        self.name = name
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queues,
+                "-c", str(concurrency), "-P", "prefork", "-n", f"{name}@%h",
+                "--without-gossip", "--without-mingle", "--loglevel=INFO",
+            ],
+            cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if b" ready." in self.log.read_bytes():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.output()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"worker {self.name} not ready:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._out.close()
+
+
+@pytest.fixture
+def worker_process(services: None, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real worker subprocesses: ``worker_process("w1", "email,heavy")``."""
+    started: list[WorkerProcess] = []
+
+    def start(name: str, queues: str = "email,heavy", concurrency: int = 2,
+              **env: str) -> WorkerProcess:
+        full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        worker = WorkerProcess(name, queues, tmp_path / f"{name}.log", concurrency, full_env)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
