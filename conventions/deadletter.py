@@ -56,6 +56,7 @@ def build(
     *,
     task: str,
     request: Any,
+    headers: Mapping[str, Any],
     category: Category,
     payload: Mapping[str, Any],
     idempotency_key: str | None,
@@ -69,14 +70,13 @@ def build(
     if exc is not None and exc.__traceback__ is not None:
         trace = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     delivery = getattr(request, "delivery_info", None) or {}
-    headers = our_headers(request)
     return DeadLetter(
         id=uuid.uuid4().hex,
         task=task,
         task_id=str(getattr(request, "id", "") or ""),
         category=category,
         payload=dict(payload),
-        headers=headers,
+        headers=dict(headers),
         idempotency_key=idempotency_key,
         exc_type=type(exc).__qualname__ if exc is not None else "PayloadError",
         message=scrub(reason, MAX_MESSAGE),

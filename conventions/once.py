@@ -46,5 +46,5 @@ def once(session: Session, key: str) -> bool:
         stmt = sqlite.insert(processed_jobs).values(**values).on_conflict_do_nothing()
     else:  # pragma: no cover - the two supported databases are above
         raise NotImplementedError(f"once() supports PostgreSQL and SQLite, not {dialect}")
-    result = session.execute(stmt)
-    return bool(getattr(result, "rowcount", 0) == 1)
+    inserted = session.execute(stmt.returning(processed_jobs.c.key)).first()
+    return inserted is not None

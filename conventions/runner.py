@@ -205,7 +205,7 @@ def _dead_letter(
     """Write the dead-letter record first, then audit and log; the caller then acks."""
     first = headers.get(context.FIRST_FAILED_AT)
     record = deadletter.build(
-        task=task.name, request=request, category=category, payload=payload,
+        task=task.name, request=request, headers=headers, category=category, payload=payload,
         idempotency_key=key, exc=exc, reason=reason,
         first_failed_at=datetime.fromisoformat(first) if first else None,
     )

@@ -1,4 +1,4 @@
-"""``email.send_receipt.v1``: send an order's receipt once.
+"""``email.send_receipt.v2`` (and v1, upcast): send an order's receipt once.
 
 The receipt has a deterministic Message-ID (``<receipt.ord_1@shop.example>``), so a
 mail server or a person can tell a resend from a second receipt. The send is recorded in
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import smtplib
 from email.message import EmailMessage
+from typing import Literal
 from urllib.parse import urlparse
 
 from conventions import Id, JobContext, Payload, PermanentError
@@ -21,10 +22,17 @@ from tasks import app, db, shop
 logger = logging.getLogger(__name__)
 
 
-class SendReceipt(Payload):
-    """Which order's receipt to send."""
+class SendReceiptV1(Payload):
+    """Which order's receipt to send (v1: still accepted while old messages drain)."""
 
     order_id: Id
+
+
+class SendReceipt(Payload):
+    """Which order's receipt to send, and in which layout (v2)."""
+
+    order_id: Id
+    layout: Literal["basic", "detailed"] = "basic"
 
 
 def message_id(order_id: str) -> str:
@@ -42,7 +50,7 @@ def _deliver(mail: EmailMessage) -> None:
         smtp.send_message(mail)
 
 
-@app.job("email.send_receipt.v1", payload=SendReceipt, key="receipt:{order_id}", workload="email")
+@app.job("email.send_receipt.v2", payload=SendReceipt, key="receipt:{order_id}", workload="email")
 def send_receipt(payload: SendReceipt, ctx: JobContext) -> str:
     """Send the receipt of ``payload.order_id`` unless it was already sent."""
     with db.transaction() as session:
@@ -58,7 +66,10 @@ def send_receipt(payload: SendReceipt, ctx: JobContext) -> str:
         mail["From"] = "shop@shop.example"
         mail["To"] = customer.email
         mail["Subject"] = f"Your receipt for order {order.id}"
-        mail.set_content(f"Paid: {order.paid_minor / 100:.2f} {order.currency}")
+        lines = [f"Paid: {order.paid_minor / 100:.2f} {order.currency}"]
+        if payload.layout == "detailed":
+            lines.append(f"Order total: {order.amount_minor / 100:.2f} {order.currency}")
+        mail.set_content("\n".join(lines))
         session.add(
             shop.SentEmail(
                 order_id=order.id,
@@ -70,3 +81,9 @@ def send_receipt(payload: SendReceipt, ctx: JobContext) -> str:
         session.flush()
         _deliver(mail)
     return "sent"
+
+
+@app.upcaster("email.send_receipt.v1", payload=SendReceiptV1, into=send_receipt)
+def send_receipt_v1(old: SendReceiptV1) -> SendReceipt:
+    """v1 messages run as v2 with the basic layout (same key: one receipt per order)."""
+    return SendReceipt(order_id=old.order_id)

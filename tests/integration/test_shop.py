@@ -1,8 +1,8 @@
 """The reference shop's database, against real PostgreSQL and SQLite.
 
-PostgreSQL: ``TEST_POSTGRES_URL`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``);
-every test gets a schema of its own (``shop_<random>``, dropped afterwards), selected with
-``search_path``. SQLite: a file under ``tmp_path``.
+PostgreSQL: ``TEST_POSTGRES_URL`` (a server URL as ``tests/conftest.py`` reads it, database
+``test`` then, or a full URL); every test gets a schema of its own (``shop_<random>``,
+dropped afterwards), selected with ``search_path``. SQLite: a file under ``tmp_path``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from sqlalchemy import Engine, create_engine, inspect, select, text
+from sqlalchemy import Engine, create_engine, inspect, make_url, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,9 +35,19 @@ from tasks.shop import (
     session_factory,
 )
 
-POSTGRES_URL = os.environ.get(
-    "TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
+
+def _postgres_url() -> str:
+    """``TEST_POSTGRES_URL``, a server URL as tests/conftest.py reads it (database ``test``
+    then) or a full URL with its database."""
+    url = make_url(
+        normalise_url(os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432"))
+    )
+    if not url.database:
+        url = url.set(database="test")
+    return url.render_as_string(hide_password=False)
+
+
+POSTGRES_URL = _postgres_url()
 TABLES = {"customers", "orders", "payment_events", "daily_reports", "sent_emails"}
 DAY = date(2024, 3, 1)
 
@@ -108,6 +118,28 @@ def test_create_schema_twice_keeps_existing_tables_and_rows(
 
     with sessions() as session:
         assert count_rows(session, Order) == 10
+
+
+def test_several_processes_creating_the_schema_at_once_all_succeed(engine: Engine) -> None:
+    creators = 6
+    start = threading.Barrier(creators)
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            start.wait(timeout=30)
+            create_schema(engine)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(creators)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert errors == []
+    assert set(inspect(engine).get_table_names()) >= TABLES
 
 
 def test_sent_email_message_id_cannot_be_recorded_twice(sessions: sessionmaker[Session]) -> None:
@@ -288,11 +320,11 @@ def test_applying_a_payment_adds_its_amount_and_marks_the_event_applied(
     with sessions() as session:
         first = session.get(PaymentEvent, "evt_0001")
         second = session.get(PaymentEvent, "evt_0002")
-        order = session.get(Order, "ord_0001")
+        stored = session.get(Order, "ord_0001")
         assert first is not None
         assert second is not None
-        assert order is not None
-        assert order.paid_minor == first.amount_minor
+        assert stored is not None
+        assert stored.paid_minor == first.amount_minor
         assert first.applied_at is not None
         assert first.applied_at >= before - timedelta(seconds=1)
         assert second.applied_at is None

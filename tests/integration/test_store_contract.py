@@ -1,8 +1,9 @@
 """The store contract, run against real Redis, PostgreSQL and SQLite.
 
 One suite, three backends: every test runs once per backend, so the backends cannot drift
-apart. Each test gets fresh, isolated storage (a random Redis key prefix, random
-PostgreSQL table names, a new SQLite file) and removes it afterwards. Leases are fractions
+apart. Each run gets its own isolated storage (a random Redis key prefix, random
+PostgreSQL table names, a new SQLite file), emptied after every test and removed at the
+end. Leases are fractions
 of a second so that expiry is real and the file stays fast. Override the services with
 ``TEST_REDIS_URL`` and ``TEST_POSTGRES_URL``; a service that does not answer is skipped.
 """
@@ -35,9 +36,9 @@ POSTGRES_URL = os.environ.get(
 )
 
 #: a lease short enough to watch expire, long enough to outlive the calls made under it
-LEASE = 0.2
+LEASE = 0.1
 #: comfortably past one LEASE
-PAST_LEASE = 0.35
+PAST_LEASE = 0.15
 #: a lease nobody outlives during a test
 LONG = 30.0
 
@@ -45,25 +46,29 @@ T = TypeVar("T")
 
 
 # -- backends -------------------------------------------------------------------------------
-def _redis() -> Iterator[Store]:
+# One store per backend and test module (a random Redis prefix, random PostgreSQL table
+# names, one SQLite file), wiped after every test and removed at the end.
+
+
+@pytest.fixture(scope="module")
+def redis_backend() -> Iterator[RedisStore]:
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         client.ping()
     except redis.ConnectionError as exc:
         client.close()
         pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
-    prefix = f"cc-test-{uuid.uuid4().hex}:"
-    store = RedisStore(client, prefix=prefix)
+    store = RedisStore(client, prefix=f"cc-test-{uuid.uuid4().hex}:")
     try:
         yield store
     finally:
+        _wipe_redis(store)
         store.close()
-        for key in client.scan_iter(match=keys.pattern(prefix), count=1000):
-            client.delete(key)
         client.close()
 
 
-def _postgres() -> Iterator[Store]:
+@pytest.fixture(scope="module")
+def postgresql_backend() -> Iterator[SQLStore]:
     engine = make_engine(POSTGRES_URL)
     try:
         with engine.connect():
@@ -80,23 +85,37 @@ def _postgres() -> Iterator[Store]:
         engine.dispose()
 
 
-def _sqlite(tmp_path: Path) -> Iterator[Store]:
-    store = SQLStore(f"sqlite:///{tmp_path / 'store.db'}")
+@pytest.fixture(scope="module")
+def sqlite_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLStore]:
+    store = SQLStore(f"sqlite:///{tmp_path_factory.mktemp('store') / 'store.db'}")
     try:
         yield store
     finally:
         store.close()
 
 
+def _wipe_redis(store: RedisStore) -> None:
+    for key in store.client.scan_iter(match=keys.pattern(store.prefix), count=1000):
+        store.client.delete(key)
+
+
+def _wipe_sql(store: SQLStore) -> None:
+    with store.engine.begin() as conn:
+        for table in store.metadata.sorted_tables:
+            conn.execute(table.delete())
+
+
 @pytest.fixture(params=["redis", "postgresql", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """A fresh, empty store on each backend."""
-    if request.param == "redis":
-        yield from _redis()
-    elif request.param == "postgresql":
-        yield from _postgres()
-    else:
-        yield from _sqlite(tmp_path)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """An empty store on each backend, wiped again after the test."""
+    backend = request.getfixturevalue(f"{request.param}_backend")
+    try:
+        yield backend
+    finally:
+        if isinstance(backend, RedisStore):
+            _wipe_redis(backend)
+        else:
+            _wipe_sql(backend)
 
 
 def at_once(count: int, call: Callable[[int], T]) -> list[T]:

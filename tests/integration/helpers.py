@@ -1,0 +1,43 @@
+"""Small polling helpers for tests against real workers (bounded in time)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from conventions.records import AuditEvent, DeadLetter
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], timeout: float = 30, every: float = 0.1) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(every)
+
+
+def events_of(task_id: str) -> list[AuditEvent]:
+    """The audit events of one job (its correlation id is read from the store)."""
+    from tasks import app
+
+    store = app.store
+    for record in store.list_dead_letters(limit=1000):
+        if record.task_id == task_id and record.correlation_id:
+            return [e for e in store.audit_for(record.correlation_id) if e.task_id == task_id]
+    return []
+
+
+def dead_letter_of(task_id: str) -> DeadLetter | None:
+    from tasks import app
+
+    for record in app.store.list_dead_letters(limit=1000):
+        if record.task_id == task_id:
+            return record
+    return None
