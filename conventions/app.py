@@ -33,7 +33,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def check_definition(
-    app: Celery, name: str, payload: Any, key: Any, workload: str, time_limit: float | None
+    app: Celery, name: str, payload: Any, key: Any, workload: str, *, time_limit: float | None
 ) -> None:
     """Refuse a bad task declaration, saying how to fix it."""
     if not NAME.match(name):
@@ -90,7 +90,7 @@ class App(Celery):  # type: ignore[misc]
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``."""
-        check_definition(self, name, payload, key, workload, time_limit)
+        check_definition(self, name, payload, key, workload, time_limit=time_limit)
         if dedup not in ("until_done", "forever", None) and not isinstance(dedup, int | float):
             raise ConfigurationError(
                 f"{name}: dedup must be 'until_done', 'forever', a TTL in seconds, or None"
@@ -101,8 +101,9 @@ class App(Celery):  # type: ignore[misc]
         elif errors:
             table = DEFAULT_TABLE.extend(errors)
         conf = settings.read(self.conf)
-        hard = float(time_limit or conf.workload_time_limits.get(workload)
-                     or conf.default_time_limit)
+        hard = float(
+            time_limit or conf.workload_time_limits.get(workload) or conf.default_time_limit
+        )
         soft = float(soft_time_limit or max(hard - max(5.0, hard * 0.1), hard * 0.5))
         options: dict[str, Any] = {
             "payload": payload,
@@ -128,7 +129,7 @@ class App(Celery):  # type: ignore[misc]
     ) -> Callable[[Callable[[Any], Payload]], ConventionTask]:
         """Keep an old version registered while its queue drains: its messages are
         converted to the new payload and run by the new version's body."""
-        check_definition(self, name, payload, into.key, into.workload, None)
+        check_definition(self, name, payload, into.key, into.workload, time_limit=None)
 
         def decorate(convert: Callable[[Any], Payload]) -> ConventionTask:
             def body(payload: Payload, ctx: joblib.JobContext) -> Any:  # pragma: no cover
@@ -150,7 +151,8 @@ class App(Celery):  # type: ignore[misc]
                 "upcast_into": into,
             }
             return cast(
-                ConventionTask, self.task(name=name, base=ConventionTask, lazy=False, **options)(body)
+                ConventionTask,
+                self.task(name=name, base=ConventionTask, lazy=False, **options)(body),
             )
 
         return decorate
@@ -189,7 +191,6 @@ class App(Celery):  # type: ignore[misc]
         return super().send_task(name, args, kwargs, **options)
 
 
-@signals.worker_process_init.connect
 def _after_fork(**_: Any) -> None:
     from celery import current_app
 
@@ -198,6 +199,11 @@ def _after_fork(**_: Any) -> None:
         app.reset_store()
 
 
-@signals.worker_shutting_down.connect
+signals.worker_process_init.connect(_after_fork)
+
+
 def _shutting_down(**_: Any) -> None:
     joblib.mark_stopping()
+
+
+signals.worker_shutting_down.connect(_shutting_down)

@@ -22,6 +22,7 @@ def event(
     task: str,
     task_id: str,
     headers: Mapping[str, Any],
+    *,
     attempt: int = 0,
     detail: Mapping[str, Any] | None = None,
 ) -> AuditEvent:
@@ -44,11 +45,12 @@ def record(
     task: str,
     task_id: str,
     headers: Mapping[str, Any],
+    *,
     attempt: int = 0,
     detail: Mapping[str, Any] | None = None,
 ) -> None:
     """Write one audit event; never raises."""
     try:
-        store.add_audit(event(name, task, task_id, headers, attempt, detail))
+        store.add_audit(event(name, task, task_id, headers, attempt=attempt, detail=detail))
     except Exception:
         logger.exception("could not record audit event %s of %s", name, task_id)

@@ -51,11 +51,14 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def when(value: datetime | None) -> str:
-    """A time as ``2024-03-01 12:00:00Z`` (UTC), or ``-``."""
+def when(value: datetime | None, *, millis: bool = False) -> str:
+    """A time as ``2024-03-01 12:00:00Z`` (UTC; ``12:00:00.123Z`` with millis), or ``-``."""
     if value is None:
         return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    utc = value.astimezone(UTC)
+    if millis:
+        return utc.strftime("%Y-%m-%d %H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    return utc.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def first_line(text: str, width: int = MESSAGE_WIDTH) -> str:
@@ -244,7 +247,7 @@ def trace_text(correlation_id: str, roots: Sequence[Job]) -> str:
         )
         for event in job.events:
             out.append(
-                f"{pad}    {when(event.at)}  {event.event:<17} attempt {event.attempt}"
+                f"{pad}    {when(event.at, millis=True)}  {event.event:<17} attempt {event.attempt}"
                 f"{_detail(event.detail)}"
             )
         for child in job.children:

@@ -26,7 +26,9 @@ _SCRUBBERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+"), "<email>"),
     (re.compile(r"\b(?:\d[ -]?){13,19}\b"), "<number>"),
     (
-        re.compile(r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization)\b(\s*[=:]\s*)\S+"),
+        re.compile(
+            r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization)\b(\s*[=:]\s*)\S+"
+        ),
         r"\1\2<redacted>",
     ),
     (re.compile(r"(?i)(://[^:/\s]+:)[^@/\s]+@"), r"\1<redacted>@"),

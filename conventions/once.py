@@ -40,6 +40,7 @@ def once(session: Session, key: str) -> bool:
     """True the first time ``key`` is seen in a committed transaction, else False."""
     values = {"key": key, "processed_at": datetime.now(UTC)}
     dialect = session.get_bind().dialect.name
+    stmt: postgresql.Insert | sqlite.Insert
     if dialect == "postgresql":
         stmt = postgresql.insert(processed_jobs).values(**values).on_conflict_do_nothing()
     elif dialect == "sqlite":

@@ -68,9 +68,7 @@ def read(conf: Any) -> Settings:
         lease=float(conf.get("conventions_lease_seconds") or DEFAULT_LEASE),
         max_deliveries=int(conf.get("conventions_max_deliveries") or DEFAULT_MAX_DELIVERIES),
         ledger_keep=float(conf.get("conventions_ledger_keep_seconds") or DEFAULT_LEDGER_KEEP),
-        default_time_limit=float(
-            conf.get("conventions_default_time_limit") or DEFAULT_TIME_LIMIT
-        ),
+        default_time_limit=float(conf.get("conventions_default_time_limit") or DEFAULT_TIME_LIMIT),
         workload_time_limits=dict(conf.get("conventions_workload_time_limits") or {}),
         max_countdown=max_countdown(conf),
     )

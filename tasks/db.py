@@ -22,7 +22,7 @@ _engine: Engine | None = None
 
 def engine() -> Engine:
     """The process's engine for ``shop_database_url``; the schema is created once."""
-    global _engine
+    global _engine  # noqa: PLW0603  (one engine per process, reset after fork)
     if _engine is None:
         from tasks import app
 
@@ -39,7 +39,9 @@ def transaction() -> Iterator[Session]:
         yield session
 
 
-@signals.worker_process_init.connect
 def _forget_inherited_engine(**_: Any) -> None:
-    global _engine
+    global _engine  # noqa: PLW0603  (one engine per process, reset after fork)
     _engine = None
+
+
+signals.worker_process_init.connect(_forget_inherited_engine)

@@ -25,3 +25,5 @@ os.environ["DATABASE_URL"] = f"{PG_BASE}/{SHOP_DB}"
 os.environ["CONVENTIONS_LEASE_SECONDS"] = "3"
 os.environ.pop("SMTP_URL", None)
 os.environ.pop("SENTRY_DSN", None)
+
+pytest_plugins = ["tests.fixtures"]

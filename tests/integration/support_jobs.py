@@ -65,8 +65,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@app.job("testing.charge.v1", payload=Call, key="charge:{call_id}", workload="email",
-         backoff=FAST)
+@app.job("testing.charge.v1", payload=Call, key="charge:{call_id}", workload="email", backoff=FAST)
 def charge(payload: Call, ctx: JobContext) -> str:
     """Call the provider once, passing the idempotency key; HTTP errors are classified
     by the default decisions table (503 transient, 404 permanent...)."""
@@ -93,5 +92,9 @@ def crash(payload: Call, ctx: JobContext) -> None:
 @app.job("testing.echo.v1", payload=Call, key="echo:{call_id}", workload="email")
 def echo(payload: Call, ctx: JobContext) -> dict[str, Any]:
     """Returns what it saw, for header and context checks."""
-    return {"call_id": payload.call_id, "key": ctx.idempotency_key,
-            "correlation": ctx.correlation_id, "attempt": ctx.attempt}
+    return {
+        "call_id": payload.call_id,
+        "key": ctx.idempotency_key,
+        "correlation": ctx.correlation_id,
+        "attempt": ctx.attempt,
+    }

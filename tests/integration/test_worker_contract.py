@@ -27,10 +27,21 @@ def _foreign_publish(task: str, kwargs: dict[str, Any], queue: str = "email") ->
             exchange=Exchange(queue, type="direct"),
             routing_key=queue,
             serializer="json",
-            headers={"lang": "py", "task": task, "id": task_id, "root_id": task_id,
-                     "parent_id": None, "group": None, "retries": 0, "eta": None,
-                     "expires": None, "timelimit": [None, None], "argsrepr": "()",
-                     "kwargsrepr": repr(kwargs), "origin": "foreign"},
+            headers={
+                "lang": "py",
+                "task": task,
+                "id": task_id,
+                "root_id": task_id,
+                "parent_id": None,
+                "group": None,
+                "retries": 0,
+                "eta": None,
+                "expires": None,
+                "timelimit": [None, None],
+                "argsrepr": "()",
+                "kwargsrepr": repr(kwargs),
+                "origin": "foreign",
+            },
         )
     return task_id
 
@@ -68,8 +79,12 @@ def test_a_v1_message_from_before_the_v2_deploy_still_runs_as_v2() -> None:
 
 def test_the_body_gets_the_model_the_key_and_the_attempt() -> None:
     result = support_jobs.echo.delay(call_id="ctx_1").get(timeout=30)
-    assert result == {"call_id": "ctx_1", "key": "echo:ctx_1",
-                      "correlation": result["correlation"], "attempt": 1}
+    assert result == {
+        "call_id": "ctx_1",
+        "key": "echo:ctx_1",
+        "correlation": result["correlation"],
+        "attempt": 1,
+    }
 
 
 def test_a_second_run_of_a_done_key_skips_the_body() -> None:

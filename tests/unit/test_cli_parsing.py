@@ -245,9 +245,7 @@ def test_the_dead_letter_table_shows_one_row_per_record_with_the_first_message_l
 
 
 def test_the_dead_letter_table_marks_replayed_records() -> None:
-    assert "[replayed] unknown payment event" in dead_letter_table(
-        [dead_letter(replayed_at=NOW)]
-    )
+    assert "[replayed] unknown payment event" in dead_letter_table([dead_letter(replayed_at=NOW)])
 
 
 def test_the_detail_of_a_dead_letter_shows_payload_headers_and_traceback() -> None:
@@ -341,8 +339,15 @@ def test_the_trace_json_nests_children_with_their_events_and_outcome() -> None:
     assert data[0]["caused_by"] is None
     assert data[0]["children"][0]["task_id"] == "c"
     assert data[0]["children"][0]["events"][0]["event"] == "published"
-    assert set(data[0]) == {"task_id", "task", "caused_by", "attempts", "events", "outcome",
-                            "children"}
+    assert set(data[0]) == {
+        "task_id",
+        "task",
+        "caused_by",
+        "attempts",
+        "events",
+        "outcome",
+        "children",
+    }
 
 
 def test_the_trace_text_indents_children_and_shows_event_details() -> None:

@@ -29,8 +29,16 @@ def test_ids_scalars_dates_enums_and_optionals_are_allowed() -> None:
         maybe: Id | None = None
 
     payload = Fine.parse(
-        {"order_id": "ord_1", "count": 2, "ref": str(uuid.uuid4()), "day": "2026-11-30",
-         "at": "2026-11-30T01:00:00+00:00", "flag": True, "kind": "a", "mode": "fast"}
+        {
+            "order_id": "ord_1",
+            "count": 2,
+            "ref": str(uuid.uuid4()),
+            "day": "2026-11-30",
+            "at": "2026-11-30T01:00:00+00:00",
+            "flag": True,
+            "kind": "a",
+            "mode": "fast",
+        }
     )
     assert payload.day == dt.date(2026, 11, 30)
     assert payload.to_message()["order_id"] == "ord_1"

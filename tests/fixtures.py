@@ -1,4 +1,4 @@
-"""Fixtures for tests against real services and real workers."""
+"""Fixtures for tests against real services and real workers (a pytest plugin)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import redis
 
 from tests.conftest import BROKER_DB, PG_BASE, REDIS_BASE, SHOP_DB, STORE_DB
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _unavailable(what: str, exc: Exception) -> None:
@@ -89,9 +89,12 @@ def clean_store(services: None, store_redis: redis.Redis) -> redis.Redis:
     return store_redis
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def thread_worker(services: None) -> Iterator[Any]:
-    """An in-process worker (threads) on both queues: fast, for most integration tests."""
+    """An in-process worker (threads) on both queues: fast, for most integration tests.
+
+    Module-scoped, so that it never consumes behind the back of a test that runs its
+    own worker processes."""
     from celery.contrib.testing.worker import start_worker
 
     from tasks import app
@@ -111,17 +114,44 @@ def thread_worker(services: None) -> Iterator[Any]:
 class WorkerProcess:
     """A real ``celery -A tasks worker`` subprocess."""
 
-    def __init__(self, name: str, queues: str, log: Path, concurrency: int, env: dict[str, str]):
+    def __init__(  # noqa: PLR0917
+        self,
+        name: str,
+        queues: str,
+        log: Path,
+        concurrency: int,
+        env: dict[str, str],
+        include: str = "tests.integration.support_jobs",
+    ) -> None:
         self.name = name
         self.log = log
         self._out = log.open("wb")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queues,
-                "-c", str(concurrency), "-P", "prefork", "-n", f"{name}@%h",
-                "--without-gossip", "--without-mingle", "--loglevel=INFO",
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "worker",
+                "-Q",
+                queues,
+                "-c",
+                str(concurrency),
+                "-P",
+                "prefork",
+                "-n",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel=INFO",
+                "-I",
+                include,
             ],
-            cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -154,8 +184,9 @@ def worker_process(services: None, tmp_path: Path) -> Iterator[Callable[..., Wor
     """Start real worker subprocesses: ``worker_process("w1", "email,heavy")``."""
     started: list[WorkerProcess] = []
 
-    def start(name: str, queues: str = "email,heavy", concurrency: int = 2,
-              **env: str) -> WorkerProcess:
+    def start(
+        name: str, queues: str = "email,heavy", concurrency: int = 2, **env: str
+    ) -> WorkerProcess:
         full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
         worker = WorkerProcess(name, queues, tmp_path / f"{name}.log", concurrency, full_env)
         started.append(worker)

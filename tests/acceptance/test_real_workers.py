@@ -1,0 +1,61 @@
+"""Whole scenarios through real ``celery -A tasks worker`` processes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from conventions.records import Category
+from tasks import app
+from tasks.receipts import send_receipt
+from tasks.reports import daily_sales
+from tests.integration import support_jobs
+from tests.integration.helpers import dead_letter_of, wait_for
+
+pytestmark = pytest.mark.usefixtures("clean_store")
+
+
+def test_a_worker_on_email_and_heavy_answers_ping_and_runs_a_job_from_each_queue(
+    worker_process: Callable[..., Any],
+) -> None:
+    worker_process("both", "email,heavy")
+    replies = app.control.ping(destination=[f"both@{_host()}"], timeout=5)
+    assert replies and "ok" in str(replies)
+    assert send_receipt.delay(order_id="ord_0005").get(timeout=30) in ("sent", "already sent")
+    report = daily_sales.delay(business_date=dt.date.today()).get(timeout=60)
+    assert report["orders"] >= 1
+
+
+def test_a_worker_on_email_only_does_not_run_heavy_jobs(
+    worker_process: Callable[..., Any], broker_redis: Any
+) -> None:
+    broker_redis.delete("heavy")
+    worker_process("light", "email")
+    heavy = daily_sales.delay(business_date=dt.date(2026, 1, 2))
+    light = support_jobs.echo.delay(call_id="light_lane")
+    assert light.get(timeout=30)["call_id"] == "light_lane"
+    assert heavy.state == "PENDING"
+    assert broker_redis.llen("heavy") == 1
+    broker_redis.delete("heavy")
+
+
+def test_a_job_that_kills_its_worker_is_quarantined_as_poison_and_others_complete(
+    worker_process: Callable[..., Any],
+) -> None:
+    worker_process("poison", "email", concurrency=2)
+    bad = support_jobs.crash.delay(call_id="kills_1")
+    others = [support_jobs.echo.delay(call_id=f"meanwhile_{n}") for n in range(10)]
+    assert all(r.get(timeout=60)["call_id"].startswith("meanwhile_") for r in others)
+    record = wait_for(lambda: dead_letter_of(bad.id), timeout=90, every=0.5)
+    assert record.category is Category.POISON
+    assert "keeps killing its worker" in record.message
+    assert support_jobs.echo.delay(call_id="after_poison").get(timeout=30)
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
