@@ -33,7 +33,7 @@ test: install services lint typecheck
 	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance -p no:cacheprovider
 
 demo: install
-	$(BIN)/python -m tasks.demo
+	$(BIN)/python scripts/demo.py
 
 bench: install services
 	$(BIN)/python -m bench
