@@ -9,11 +9,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from conventions.store.base import Store
 from conventions.store.redis import RedisStore
 from conventions.store.sql import SQLStore
 
-__all__ = ["RedisStore", "SQLStore", "Store", "open_store"]
+__all__ = ["RedisStore", "SQLStore", "Store", "open_store", "resolve_url"]
 
 #: URL schemes served by :class:`RedisStore`
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -26,17 +28,23 @@ SQL_SCHEMES = {
 }
 
 
-def open_store(url: str) -> Store:
-    """The store for ``url``, chosen by its scheme.
+def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
+    """Which backend serves ``url``, and the URL to give it.
 
-    ``postgresql://`` and ``postgres://`` are read as ``postgresql+psycopg://`` (the driver
-    this package depends on). Any other scheme is a ValueError naming those accepted.
+    ``postgresql://`` and ``postgres://`` become ``postgresql+psycopg://`` (the driver this
+    package depends on). Any other scheme is a ValueError naming the accepted ones.
     """
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if sep and scheme in REDIS_SCHEMES:
-        return RedisStore(url)
+        return "redis", url
     if sep and scheme in SQL_SCHEMES:
-        return SQLStore(f"{SQL_SCHEMES[scheme]}://{rest}")
+        return "sql", f"{SQL_SCHEMES[scheme]}://{rest}"
     accepted = ", ".join(f"{name}://" for name in (*REDIS_SCHEMES, *SQL_SCHEMES))
     raise ValueError(f"unsupported store URL {url!r}: the scheme must be one of {accepted}")
+
+
+def open_store(url: str) -> Store:
+    """The store for ``url``, chosen by its scheme (see :func:`resolve_url`)."""
+    backend, resolved = resolve_url(url)
+    return RedisStore(resolved) if backend == "redis" else SQLStore(resolved)

@@ -22,8 +22,10 @@ class Store(Protocol):
     def reserve(self, key: str, job_id: str, ttl: float | None) -> str | None:
         """Reserve ``key`` for ``job_id`` atomically.
 
-        Returns None when the reservation is ours, else the job id that holds it.
-        ``ttl`` (seconds) bounds the reservation; None keeps it until released.
+        Returns None when the reservation is ours (including when ``job_id`` already
+        held it: reserving again is idempotent and does not extend the ttl), else the job
+        id that holds it. ``ttl`` (seconds) bounds the reservation; None keeps it until
+        released. An expired reservation goes to the next job that reserves.
         """
         ...
 
@@ -36,20 +38,28 @@ class Store(Protocol):
         """Claim ``key`` for the execution ``owner`` for ``lease`` seconds.
 
         Free key, or a lease that expired (its owner died): the claim is taken and the
-        delivery counter of ``delivery_id`` is incremented and returned. Key already done:
-        ``DONE`` with its outcome. Key held by a live lease: ``HELD``. One round trip.
+        delivery counter of ``delivery_id`` is incremented and returned. Key already done
+        (within its ``keep``): ``DONE`` with its outcome. Key held by a live lease
+        (``owner``'s own included): ``HELD``. ``deliveries`` is 0 unless ``CLAIMED``.
+        One round trip on Redis.
         """
         ...
 
     def renew(self, key: str, owner: str, lease: float) -> bool:
-        """Extend ``owner``'s lease; False when the lease is no longer ours."""
+        """Extend ``owner``'s lease to ``lease`` seconds from now; False when the lease is no
+        longer ours (expired, taken over, released or completed)."""
         ...
 
     def complete(
         self, key: str, owner: str, outcome: str, keep: float, reserved_by: str | None
     ) -> None:
         """Record ``key`` as done for ``keep`` seconds and drop the enqueue reservation
-        held by ``reserved_by`` (when given), in one round trip."""
+        held by ``reserved_by`` (when given), atomically (one round trip on Redis).
+
+        Done is recorded when ``owner`` still holds the lease, or when the entry has
+        expired (the lease ran out but the body finished: its result stands). A live
+        lease of another execution, or a done entry, is left as it is.
+        """
         ...
 
     def release(self, key: str, owner: str, reserved_by: str | None) -> None:
@@ -90,6 +100,9 @@ class Store(Protocol):
         """Every event of one correlation id, oldest first."""
         ...
 
-    def purge_audit(self, older_than: datetime) -> int: ...
+    def purge_audit(self, older_than: datetime) -> int:
+        """Delete the trails whose last event is before ``older_than`` (a trail with a
+        recent event is kept whole); return how many events were deleted."""
+        ...
 
     def close(self) -> None: ...

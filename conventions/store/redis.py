@@ -5,7 +5,7 @@ reservation is ``SET NX GET``, and ``claim`` / ``renew`` / ``complete`` / ``rele
 Lua scripts (registered once, run by ``EVALSHA``), so no two workers can both read "free"
 and both write "mine". Leases are key expiries (``PX``): a worker that dies simply lets
 its ledger entry vanish and the next claim takes over. Key names are in
-:mod:`conventions.keys`.
+:mod:`conventions.keys`. Needs Redis 7.0 or later (``SET NX GET``, ``ZADD GT``).
 
 The dead-letter and audit scripts build some key names at run time (the indexes a record
 was in, the records of a purge batch), so this store targets one Redis node (or a
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
@@ -182,6 +182,13 @@ return {#ids, removed}
 PURGE_BATCH = 500
 
 
+def _score(moment: datetime) -> str:
+    """A sorted-set score: POSIX seconds, exact (``repr``); naive times are taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return repr(moment.timestamp())
+
+
 def _ms(seconds: float) -> int:
     """Seconds as whole milliseconds, at least 1 (``PX 0`` is an error in Redis)."""
     return max(1, math.ceil(seconds * 1000))
@@ -283,7 +290,7 @@ class RedisStore:
             args=[
                 record.id,
                 json.dumps(record.to_dict()),
-                repr(record.last_failed_at.timestamp()),
+                _score(record.last_failed_at),
                 json.dumps(indexes),
             ],
         )
@@ -309,7 +316,7 @@ class RedisStore:
             keys=[index],
             args=[
                 keys.dead_letter("", self.prefix),
-                "-inf" if since is None else repr(since.timestamp()),
+                "-inf" if since is None else _score(since),
                 limit,
             ],
         )
@@ -346,7 +353,7 @@ class RedisStore:
             pipe.expire(trail, max(1, math.ceil(self.audit_ttl)))
             pipe.zadd(
                 keys.audit_by_time(self.prefix),
-                {event.correlation_id: event.at.timestamp()},
+                {event.correlation_id: float(_score(event.at))},
                 gt=True,
             )
             pipe.execute()
@@ -373,7 +380,7 @@ class RedisStore:
                 "list[int]",
                 script(
                     keys=[index],
-                    args=[key_prefix, f"({older_than.timestamp()!r}", PURGE_BATCH],
+                    args=[key_prefix, f"({_score(older_than)}", PURGE_BATCH],
                 ),
             )
             removed += int(dropped)

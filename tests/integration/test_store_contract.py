@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from conventions import keys
 from conventions.records import AuditEvent, Category, Claim, ClaimStatus, DeadLetter
-from conventions.store import RedisStore, SQLStore, Store, open_store
+from conventions.store import RedisStore, SQLStore, Store, open_store, resolve_url
 from conventions.store import redis as redis_store
 from conventions.store.sql import make_engine
 
@@ -472,6 +472,26 @@ def test_open_store_picks_the_backend_by_scheme(tmp_path: Path) -> None:
         kv.close()
 
 
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://h:6379/0", ("redis", "redis://h:6379/0")),
+        ("rediss://h:6380/0", ("redis", "rediss://h:6380/0")),
+        ("unix:///run/redis.sock?db=1", ("redis", "unix:///run/redis.sock?db=1")),
+        ("sqlite:////var/db/cc.db", ("sql", "sqlite:////var/db/cc.db")),
+        ("postgresql://u@h/db", ("sql", "postgresql+psycopg://u@h/db")),
+        ("postgres://u@h/db", ("sql", "postgresql+psycopg://u@h/db")),
+        ("postgresql+psycopg://u@h/db", ("sql", "postgresql+psycopg://u@h/db")),
+    ],
+)
+def test_store_urls_resolve_to_their_backend_and_postgres_uses_psycopg(
+    url: str, expected: tuple[str, str]
+) -> None:
+    assert resolve_url(url) == expected
+
+
 def test_open_store_names_the_accepted_schemes_for_anything_else() -> None:
     with pytest.raises(ValueError, match=r"redis://.*postgresql\+psycopg://"):
         open_store("mysql://root@localhost/app")
+    with pytest.raises(ValueError, match="unsupported store URL"):
+        open_store("127.0.0.1:6379")
