@@ -106,8 +106,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         **options: Any,
     ) -> AsyncResult:
         """Validate, dedup and publish; a bad call raises here and enqueues nothing."""
-        if options.pop(READY, False):
-            options[READY] = True
+        if options.get(READY):  # already checked: a retry, a defer, a replay's own publish
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )

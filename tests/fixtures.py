@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import redis
@@ -19,37 +19,36 @@ from tests.conftest import BROKER_DB, PG_BASE, REDIS_BASE, SHOP_DB, STORE_DB
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _unavailable(what: str, exc: Exception) -> None:
+def unavailable(what: str, exc: BaseException) -> NoReturn:
+    """Skip on a laptop without the service; fail in CI, where it must be there."""
     message = f"{what} is not reachable ({exc}); start it (see README: make test does)"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def broker_redis() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}", decode_responses=True)
+def _own_redis_db(db: int) -> Iterator[redis.Redis]:
+    """A Redis database of this run's own, emptied before and after."""
+    client = redis.Redis.from_url(f"{REDIS_BASE}/{db}", decode_responses=True)
     try:
         client.ping()
     except redis.RedisError as exc:
-        _unavailable("Redis", exc)
+        client.close()
+        unavailable("Redis", exc)
     client.flushdb()
     yield client
     client.flushdb()
     client.close()
+
+
+@pytest.fixture(scope="session")
+def broker_redis() -> Iterator[redis.Redis]:
+    yield from _own_redis_db(BROKER_DB)
 
 
 @pytest.fixture(scope="session")
 def store_redis() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(f"{REDIS_BASE}/{STORE_DB}", decode_responses=True)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        _unavailable("Redis", exc)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+    yield from _own_redis_db(STORE_DB)
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +60,7 @@ def shop_database() -> Iterator[str]:
     try:
         admin = psycopg.connect(admin_url, autocommit=True)
     except psycopg.Error as exc:
-        _unavailable("PostgreSQL", exc)
+        unavailable("PostgreSQL", exc)
     with admin:
         admin.execute(f'CREATE DATABASE "{SHOP_DB}"')
     url = os.environ["DATABASE_URL"]

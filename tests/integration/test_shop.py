@@ -34,6 +34,7 @@ from tasks.shop import (
     seed,
     session_factory,
 )
+from tests.fixtures import unavailable
 
 
 def _postgres_url() -> str:
@@ -60,10 +61,7 @@ def postgres_admin() -> Iterator[Engine]:
             connection.execute(text("SELECT 1"))
     except OperationalError as exc:
         engine.dispose()
-        message = f"PostgreSQL unreachable at {POSTGRES_URL} (set TEST_POSTGRES_URL): {exc}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"PostgreSQL at {POSTGRES_URL} (set TEST_POSTGRES_URL)", exc)
     yield engine
     engine.dispose()
 

@@ -5,7 +5,8 @@ apart. Each run gets its own isolated storage (a random Redis key prefix, random
 PostgreSQL table names, a new SQLite file), emptied after every test and removed at the
 end. Leases are fractions
 of a second so that expiry is real and the file stays fast. Override the services with
-``TEST_REDIS_URL`` and ``TEST_POSTGRES_URL``; a service that does not answer is skipped.
+``TEST_REDIS_URL`` and ``TEST_POSTGRES_URL``; a service that does not answer is skipped
+on a laptop and fails in CI.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from conventions.records import AuditEvent, Category, Claim, ClaimStatus, DeadLe
 from conventions.store import RedisStore, SQLStore, Store, open_store, resolve_url
 from conventions.store import redis as redis_store
 from conventions.store.sql import make_engine
+from tests.fixtures import unavailable
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 POSTGRES_URL = os.environ.get(
@@ -57,7 +59,7 @@ def redis_backend() -> Iterator[RedisStore]:
         client.ping()
     except redis.ConnectionError as exc:
         client.close()
-        pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
+        unavailable(f"Redis at {REDIS_URL}", exc)
     store = RedisStore(client, prefix=f"cc-test-{uuid.uuid4().hex}:")
     try:
         yield store
@@ -75,7 +77,7 @@ def postgresql_backend() -> Iterator[SQLStore]:
             pass
     except sa.exc.OperationalError as exc:
         engine.dispose()
-        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_URL}: {exc}")
+        unavailable(f"PostgreSQL at {POSTGRES_URL}", exc)
     store = SQLStore(engine, table_prefix=f"cc_test_{uuid.uuid4().hex[:12]}_")
     try:
         yield store
