@@ -12,7 +12,9 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``DATABASE_URL``: the reference shop's business database (SQLite file by default);
 * ``SMTP_URL``: where receipts are sent (``smtp://host:port``; unset: recorded only);
 * ``SENTRY_DSN``: Sentry, when set;
-* ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``).
+* ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``);
+* ``CONVENTIONS_VISIBILITY_TIMEOUT``: overrides the Redis visibility timeout (seconds; tests
+  shorten it to prove that a redelivered long job does not run twice).
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ WORKLOADS = {"email": "email", "light": "email", "heavy": "heavy"}
 WORKLOAD_TIME_LIMITS = {"email": 60.0, "light": 60.0, "heavy": 1800.0}
 #: longest retry delay (the backoff cap) and longest time limit decide the visibility
 LONGEST_RETRY_DELAY = 600.0
-VISIBILITY_TIMEOUT = int(max(WORKLOAD_TIME_LIMITS.values()) + LONGEST_RETRY_DELAY) * 2
+VISIBILITY_TIMEOUT = int(
+    _env.get("CONVENTIONS_VISIBILITY_TIMEOUT")
+    or int(max(WORKLOAD_TIME_LIMITS.values()) + LONGEST_RETRY_DELAY) * 2
+)
 
 # -- broker and results --------------------------------------------------------------------
 broker_url = _env.get("CELERY_BROKER_URL") or REDIS_URL

@@ -184,10 +184,17 @@ def worker_process(services: None, tmp_path: Path) -> Iterator[Callable[..., Wor
     started: list[WorkerProcess] = []
 
     def start(
-        name: str, queues: str = "email,heavy", concurrency: int = 2, **env: str
+        name: str,
+        queues: str = "email,heavy",
+        concurrency: int = 2,
+        include: str = "tests.integration.support_jobs",
+        **env: str,
     ) -> WorkerProcess:
+        """``include``: comma-separated modules of test-only jobs the worker imports."""
         full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-        worker = WorkerProcess(name, queues, tmp_path / f"{name}.log", concurrency, full_env)
+        worker = WorkerProcess(
+            name, queues, tmp_path / f"{name}.log", concurrency, full_env, include=include
+        )
         started.append(worker)
         worker.wait_ready()
         return worker
