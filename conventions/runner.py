@@ -24,7 +24,7 @@ from conventions.decisions import Retry as RetryDecision
 from conventions.errors import PayloadError
 from conventions.job import JobContext, keeper
 from conventions.payloads import Payload
-from conventions.records import Category, ClaimStatus, utcnow
+from conventions.records import AuditEvent, Category, ClaimStatus, utcnow
 
 if TYPE_CHECKING:
     from conventions.task import ConventionTask
@@ -63,9 +63,15 @@ class Delivery:
     def attempt(self) -> int:
         return int(self.request.retries or 0) + 1
 
-    def audit(self, event: str, **detail: Any) -> None:
+    def event(self, name: str, **detail: Any) -> AuditEvent:
+        return audit.event(
+            name, self.task.name, self.request.id, self.headers,
+            attempt=self.attempt, detail=detail,
+        )  # fmt: skip
+
+    def audit(self, name: str, **detail: Any) -> None:
         audit.record(
-            self.task.store, event, self.task.name, self.request.id, self.headers,
+            self.task.store, name, self.task.name, self.request.id, self.headers,
             attempt=self.attempt, detail=detail,
         )  # fmt: skip
 
@@ -96,7 +102,10 @@ class Delivery:
         task, request, key = self.task, self.request, str(self.key)
         store, settings = task.store, task.settings
         delivery_id = f"{request.id}:{request.retries or 0}"
-        claim = store.claim(key, self.owner, settings.lease, delivery_id)
+        # one round trip each for claim and complete, their audit events included
+        claim = store.claim(
+            key, self.owner, settings.lease, delivery_id, audit=self.event("started")
+        )
         if claim.status is ClaimStatus.DONE:
             store.unreserve(key, request.id)
             self.audit("skipped_duplicate", outcome=claim.outcome, holder=claim.holder)
@@ -116,7 +125,6 @@ class Delivery:
             replay_of=self.headers.get(context.REPLAY_OF),
         )
         keeper.hold(store, key, self.owner, settings.lease)
-        self.audit("started")
         try:
             result = self.call_body(payload, ctx)
         except (Retry, Ignore, Reject):
@@ -128,8 +136,10 @@ class Delivery:
             return self.on_failure(exc)
         keeper.drop(key, self.owner)
         reserved_by = request.id if task.dedup == "until_done" else None
-        store.complete(key, self.owner, "succeeded", settings.ledger_keep, reserved_by)
-        self.audit("succeeded")
+        store.complete(
+            key, self.owner, "succeeded", settings.ledger_keep, reserved_by,
+            audit=self.event("succeeded"),
+        )  # fmt: skip
         return result
 
     def call_body(self, payload: Payload, ctx: JobContext) -> Any:

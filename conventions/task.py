@@ -130,8 +130,10 @@ class ConventionTask(Task):  # type: ignore[misc]
         headers.setdefault(context.ENQUEUED_AT, utcnow().isoformat())
         task_id = task_id or str(uuid.uuid4())
         store = self.store
+        published = audit.event("published", self.name, task_id, headers)
         if self.dedup is not None:
-            holder = store.reserve(key, task_id, self._dedup_ttl())
+            # one round trip: the reservation and, when it is ours, the audit event
+            holder = store.reserve(key, task_id, self._dedup_ttl(), audit=published)
             if holder is not None:
                 audit.record(
                     store,
@@ -156,11 +158,16 @@ class ConventionTask(Task):  # type: ignore[misc]
                 **{READY: True},
                 **options,
             )
-        except BaseException:
+        except BaseException as exc:
             if self.dedup is not None:
                 store.unreserve(key, task_id)
+                audit.record(
+                    store, "publish_failed", self.name, task_id, headers,
+                    detail={"exc_type": type(exc).__qualname__},
+                )  # fmt: skip
             raise
-        audit.record(store, "published", self.name, task_id, headers)
+        if self.dedup is None:
+            store.add_audit(published)
         result.deduplicated = False
         return result
 

@@ -19,8 +19,11 @@ class Store(Protocol):
     """What both backends implement; ``tests/integration/test_store_contract.py`` checks it."""
 
     # -- enqueue dedup ---------------------------------------------------------------
-    def reserve(self, key: str, job_id: str, ttl: float | None) -> str | None:
-        """Reserve ``key`` for ``job_id`` atomically.
+    def reserve(
+        self, key: str, job_id: str, ttl: float | None, *, audit: AuditEvent | None = None
+    ) -> str | None:
+        """Reserve ``key`` for ``job_id`` atomically; record ``audit`` in the same round
+        trip, only when this call made the reservation.
 
         Returns None when the reservation is ours (including when ``job_id`` already
         held it: reserving again is idempotent and does not extend the ttl), else the job
@@ -34,14 +37,22 @@ class Store(Protocol):
         ...
 
     # -- execution ledger --------------------------------------------------------------
-    def claim(self, key: str, owner: str, lease: float, delivery_id: str) -> Claim:
+    def claim(
+        self,
+        key: str,
+        owner: str,
+        lease: float,
+        delivery_id: str,
+        *,
+        audit: AuditEvent | None = None,
+    ) -> Claim:
         """Claim ``key`` for the execution ``owner`` for ``lease`` seconds.
 
         Free key, or a lease that expired (its owner died): the claim is taken and the
         delivery counter of ``delivery_id`` is incremented and returned. Key already done
         (within its ``keep``): ``DONE`` with its outcome. Key held by a live lease
         (``owner``'s own included): ``HELD``. ``deliveries`` is 0 unless ``CLAIMED``.
-        One round trip on Redis.
+        One round trip on Redis; ``audit`` is recorded in it, only when the claim is taken.
         """
         ...
 
@@ -51,10 +62,18 @@ class Store(Protocol):
         ...
 
     def complete(
-        self, key: str, owner: str, outcome: str, keep: float, reserved_by: str | None
+        self,
+        key: str,
+        owner: str,
+        outcome: str,
+        keep: float,
+        reserved_by: str | None,
+        *,
+        audit: AuditEvent | None = None,
     ) -> None:
-        """Record ``key`` as done for ``keep`` seconds and drop the enqueue reservation
-        held by ``reserved_by`` (when given), atomically (one round trip on Redis).
+        """Record ``key`` as done for ``keep`` seconds, drop the enqueue reservation held
+        by ``reserved_by`` (when given) and record ``audit``, atomically (one round trip
+        on Redis).
 
         Done is recorded when ``owner`` still holds the lease, or when the entry has
         expired (the lease ran out but the body finished: its result stands). A live

@@ -25,9 +25,46 @@ from redis.commands.core import Script
 from conventions import keys
 from conventions.records import AuditEvent, Category, Claim, ClaimStatus, DeadLetter
 
-#: KEYS: ledger, deliveries. ARGV: owner, lease ms, delivery ttl ms.
-#: Returns {status, holder, outcome, deliveries}.
-_CLAIM = """
+#: Appends an audit event in the same script as the state change it records. Every script
+#: that uses it takes the audit trail and the by-time index as its last two KEYS and
+#: (event JSON or '', trail ttl s, score, correlation id) as its last four ARGV.
+_AUDIT = """
+local function record_audit()
+  local event = ARGV[#ARGV - 3]
+  if event == '' then return end
+  redis.call('RPUSH', KEYS[#KEYS - 1], event)
+  redis.call('EXPIRE', KEYS[#KEYS - 1], ARGV[#ARGV - 2])
+  redis.call('ZADD', KEYS[#KEYS], 'GT', ARGV[#ARGV - 1], ARGV[#ARGV])
+end
+"""
+
+#: KEYS: dedup, audit trail, by-time. ARGV: job id, ttl ms or '', audit args.
+#: Returns the holder's job id, or false when the reservation is ours (the audit event
+#: is recorded only when this call made the reservation).
+_RESERVE = (
+    _AUDIT
+    + """
+local holder = redis.call('GET', KEYS[1])
+if holder then
+  if holder == ARGV[1] then return false end
+  return holder
+end
+if ARGV[2] == '' then
+  redis.call('SET', KEYS[1], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+record_audit()
+return false
+"""
+)
+
+#: KEYS: ledger, deliveries, audit trail, by-time. ARGV: owner, lease ms, delivery ttl
+#: ms, audit args. Returns {status, holder, outcome, deliveries}; the audit event is
+#: recorded only on a claim.
+_CLAIM = (
+    _AUDIT
+    + """
 local entry = redis.call('HMGET', KEYS[1], 'state', 'owner', 'outcome')
 if entry[1] == 'done' then
   return {'done', entry[2], entry[3], 0}
@@ -40,8 +77,10 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local count = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
+record_audit()
 return {'claimed', ARGV[1], false, count}
 """
+)
 
 #: KEYS: ledger. ARGV: owner, lease ms. Returns 1 when the lease was ours and extended.
 _RENEW = """
@@ -68,11 +107,13 @@ if ARGV[4] == '1' and redis.call('GET', KEYS[2]) == ARGV[5] then
 end
 """
 
-#: KEYS: ledger, dedup. ARGV: owner, outcome, keep ms, has reservation, reserved_by.
-#: Records done when the lease is still ours or the entry vanished (our lease expired
-#: but the body finished: the result stands). Returns 1 when done was recorded.
+#: KEYS: ledger, dedup, audit trail, by-time. ARGV: owner, outcome, keep ms, has
+#: reservation, reserved_by, audit args. Records done when the lease is still ours or the
+#: entry vanished (our lease expired but the body finished: the result stands); the audit
+#: event is recorded either way. Returns 1 when done was recorded.
 _COMPLETE = (
-    """
+    _AUDIT
+    + """
 local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
 local recorded = 0
 if entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1]) then
@@ -83,7 +124,7 @@ if entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1]) then
 end
 """
     + _UNRESERVE
-    + "return recorded\n"
+    + "record_audit()\nreturn recorded\n"
 )
 
 #: KEYS: ledger, dedup. ARGV: owner, (unused), (unused), has reservation, reserved_by.
@@ -221,6 +262,7 @@ class RedisStore:
         self.delivery_ttl = delivery_ttl
         self.audit_ttl = audit_ttl
         register = self.client.register_script
+        self._reserve = register(_RESERVE)
         self._unreserve = register(_UNRESERVE_ONLY)
         self._claim = register(_CLAIM)
         self._renew = register(_RENEW)
@@ -233,29 +275,40 @@ class RedisStore:
         self._purge_audit = register(_PURGE_AUDIT)
 
     # -- enqueue dedup ---------------------------------------------------------------
-    def reserve(self, key: str, job_id: str, ttl: float | None) -> str | None:
-        """``SET NX GET`` (Redis 7+): one round trip, atomic, answers the holder."""
-        holder = self.client.set(
-            keys.dedup(key, self.prefix),
-            job_id,
-            nx=True,
-            get=True,
-            px=None if ttl is None else _ms(ttl),
+    def reserve(
+        self, key: str, job_id: str, ttl: float | None, *, audit: AuditEvent | None = None
+    ) -> str | None:
+        """One script: atomic, answers the holder, records ``audit`` when it reserved."""
+        audit_keys, audit_args = self._audit_parts(audit)
+        holder = self._reserve(
+            keys=[keys.dedup(key, self.prefix), *audit_keys],
+            args=[job_id, "" if ttl is None else _ms(ttl), *audit_args],
         )
-        if holder is None or holder == job_id:
-            return None
-        return cast(str, holder)
+        return None if not holder else cast(str, holder)
 
     def unreserve(self, key: str, job_id: str) -> None:
         self._unreserve(keys=[keys.dedup(key, self.prefix)], args=[job_id])
 
     # -- execution ledger --------------------------------------------------------------
-    def claim(self, key: str, owner: str, lease: float, delivery_id: str) -> Claim:
+    def claim(
+        self,
+        key: str,
+        owner: str,
+        lease: float,
+        delivery_id: str,
+        *,
+        audit: AuditEvent | None = None,
+    ) -> Claim:
+        audit_keys, audit_args = self._audit_parts(audit)
         status, holder, outcome, count = cast(
             "list[Any]",
             self._claim(
-                keys=[keys.ledger(key, self.prefix), keys.deliveries(delivery_id, self.prefix)],
-                args=[owner, _ms(lease), _ms(self.delivery_ttl)],
+                keys=[
+                    keys.ledger(key, self.prefix),
+                    keys.deliveries(delivery_id, self.prefix),
+                    *audit_keys,
+                ],
+                args=[owner, _ms(lease), _ms(self.delivery_ttl), *audit_args],
             ),
         )
         return Claim(ClaimStatus(status), holder=holder, deliveries=int(count), outcome=outcome)
@@ -265,11 +318,19 @@ class RedisStore:
         return bool(renewed)
 
     def complete(
-        self, key: str, owner: str, outcome: str, keep: float, reserved_by: str | None
+        self,
+        key: str,
+        owner: str,
+        outcome: str,
+        keep: float,
+        reserved_by: str | None,
+        *,
+        audit: AuditEvent | None = None,
     ) -> None:
+        audit_keys, audit_args = self._audit_parts(audit)
         self._complete(
-            keys=[keys.ledger(key, self.prefix), keys.dedup(key, self.prefix)],
-            args=[owner, outcome, _ms(keep), *self._reservation(reserved_by)],
+            keys=[keys.ledger(key, self.prefix), keys.dedup(key, self.prefix), *audit_keys],
+            args=[owner, outcome, _ms(keep), *self._reservation(reserved_by), *audit_args],
         )
 
     def release(self, key: str, owner: str, reserved_by: str | None) -> None:
@@ -277,6 +338,16 @@ class RedisStore:
             keys=[keys.ledger(key, self.prefix), keys.dedup(key, self.prefix)],
             args=[owner, "", 0, *self._reservation(reserved_by)],
         )
+
+    def _audit_parts(self, event: AuditEvent | None) -> tuple[list[str], list[Any]]:
+        """The trailing KEYS and ARGV of a script that records ``event`` (or nothing)."""
+        by_time = keys.audit_by_time(self.prefix)
+        if event is None:
+            return [by_time, by_time], ["", 1, 0, ""]
+        trail = keys.audit(event.correlation_id, self.prefix)
+        ttl = max(1, math.ceil(self.audit_ttl))
+        data = json.dumps(event.to_dict())
+        return [trail, by_time], [data, ttl, _score(event.at), event.correlation_id]
 
     @staticmethod
     def _reservation(reserved_by: str | None) -> list[str]:

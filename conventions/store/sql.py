@@ -136,8 +136,11 @@ class SQLStore:
         return self.engine.connect().execution_options(cc_read_only=True)
 
     # -- enqueue dedup -------------------------------------------------------------------
-    def reserve(self, key: str, job_id: str, ttl: float | None) -> str | None:
-        """Insert the reservation, or take over an expired one; else answer the holder."""
+    def reserve(
+        self, key: str, job_id: str, ttl: float | None, *, audit: AuditEvent | None = None
+    ) -> str | None:
+        """Insert the reservation, or take over an expired one (recording ``audit`` in the
+        same transaction); else answer the holder."""
         now = utcnow()
         t = self.dedup
         expires = None if ttl is None else now + timedelta(seconds=ttl)
@@ -148,6 +151,7 @@ class SQLStore:
         ).returning(t.c.key)
         with self.engine.begin() as conn:
             if conn.execute(taken).first() is not None:
+                self._record(conn, audit)
                 return None
             holder = conn.execute(sa.select(t.c.job_id).where(t.c.key == key)).scalar_one()
         return None if holder == job_id else str(holder)
@@ -158,8 +162,17 @@ class SQLStore:
             conn.execute(sa.delete(t).where(t.c.key == key, t.c.job_id == job_id))
 
     # -- execution ledger ----------------------------------------------------------------
-    def claim(self, key: str, owner: str, lease: float, delivery_id: str) -> Claim:
-        """Take the row if free or expired (one upsert); then count the delivery."""
+    def claim(
+        self,
+        key: str,
+        owner: str,
+        lease: float,
+        delivery_id: str,
+        *,
+        audit: AuditEvent | None = None,
+    ) -> Claim:
+        """Take the row if free or expired (one upsert); then count the delivery and
+        record ``audit``, in the same transaction."""
         now = utcnow()
         t, d = self.ledger, self.deliveries
         taken = self._upsert(
@@ -187,6 +200,7 @@ class SQLStore:
         with self.engine.begin() as conn:
             if conn.execute(taken).first() is not None:
                 count = conn.execute(counted).scalar_one()
+                self._record(conn, audit)
                 return Claim(ClaimStatus.CLAIMED, holder=owner, deliveries=int(count))
             # the upsert locked the live row (PostgreSQL) or we hold the write lock (SQLite)
             state, holder, outcome = conn.execute(
@@ -210,7 +224,14 @@ class SQLStore:
             return conn.execute(renewed).rowcount == 1
 
     def complete(
-        self, key: str, owner: str, outcome: str, keep: float, reserved_by: str | None
+        self,
+        key: str,
+        owner: str,
+        outcome: str,
+        keep: float,
+        reserved_by: str | None,
+        *,
+        audit: AuditEvent | None = None,
     ) -> None:
         """Done if the lease is still ours or has expired (the result stands)."""
         now = utcnow()
@@ -232,6 +253,7 @@ class SQLStore:
         with self.engine.begin() as conn:
             conn.execute(done)
             self._drop_reservation(conn, key, reserved_by)
+            self._record(conn, audit)
 
     def release(self, key: str, owner: str, reserved_by: str | None) -> None:
         t = self.ledger
@@ -309,12 +331,16 @@ class SQLStore:
 
     # -- audit trail ---------------------------------------------------------------------
     def add_audit(self, event: AuditEvent) -> None:
-        row = {
-            "correlation_id": event.correlation_id,
-            "at": event.at,
-            "data": json.dumps(event.to_dict()),
-        }
         with self.engine.begin() as conn:
+            self._record(conn, event)
+
+    def _record(self, conn: sa.Connection, event: AuditEvent | None) -> None:
+        if event is not None:
+            row = {
+                "correlation_id": event.correlation_id,
+                "at": event.at,
+                "data": json.dumps(event.to_dict()),
+            }
             conn.execute(sa.insert(self.audit).values(row))
 
     def audit_for(self, correlation_id: str) -> list[AuditEvent]:

@@ -444,6 +444,27 @@ def test_audit_events_come_back_oldest_first_for_their_correlation(store: Store)
     assert store.audit_for("corr-unknown") == []
 
 
+def test_a_reservation_records_its_audit_event_only_when_it_reserved(store: Store) -> None:
+    assert store.reserve("k-aud", "job-1", 60, audit=audit_event("corr-r", "published", 0)) is None
+    held = store.reserve("k-aud", "job-2", 60, audit=audit_event("corr-r", "published", 1))
+    assert held == "job-1"
+    assert [e.at for e in store.audit_for("corr-r")] == [audit_event("corr-r", "x", 0).at]
+
+
+def test_a_claim_records_its_audit_event_only_when_taken(store: Store) -> None:
+    first = store.claim("k-claim-aud", "a", 30, "d-1", audit=audit_event("corr-c", "started", 0))
+    second = store.claim("k-claim-aud", "b", 30, "d-1", audit=audit_event("corr-c", "started", 1))
+    assert (first.status, second.status) == (ClaimStatus.CLAIMED, ClaimStatus.HELD)
+    assert len(store.audit_for("corr-c")) == 1
+
+
+def test_complete_records_its_audit_event_in_the_same_step(store: Store) -> None:
+    store.claim("k-done-aud", "a", 30, "d-1")
+    store.complete("k-done-aud", "a", "ok", 60, None, audit=audit_event("corr-d", "succeeded", 0))
+    assert [e.event for e in store.audit_for("corr-d")] == ["succeeded"]
+    assert store.claim("k-done-aud", "b", 30, "d-2").status is ClaimStatus.DONE
+
+
 def test_purge_audit_drops_old_trails_and_keeps_recent_ones(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
