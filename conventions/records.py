@@ -119,9 +119,19 @@ class AuditEvent:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["at"] = self.at.isoformat()
-        return data
+        """Built field by field: ``dataclasses.asdict`` deep-copies, and this runs on
+        every ``.delay()`` and every job."""
+        return {
+            "event": self.event,
+            "task": self.task,
+            "task_id": self.task_id,
+            "correlation_id": self.correlation_id,
+            "causation_id": self.causation_id,
+            "idempotency_key": self.idempotency_key,
+            "attempt": self.attempt,
+            "at": self.at.isoformat(),
+            "detail": dict(self.detail),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AuditEvent:
