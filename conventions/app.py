@@ -16,8 +16,8 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery, signals
 
+from conventions import alerts, retention, routing, settings
 from conventions import job as joblib
-from conventions import routing, settings
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
 from conventions.errors import ConfigurationError
@@ -207,3 +207,38 @@ def _shutting_down(**_: Any) -> None:
 
 
 signals.worker_shutting_down.connect(_shutting_down)
+
+
+def _app_of(sender: Any) -> Any:
+    from celery import current_app
+
+    return getattr(sender, "app", None) or current_app._get_current_object()
+
+
+def _init_sentry(sender: Any = None, **_: Any) -> None:
+    """Worker (main process, before the pool forks) and beat: Sentry when ``sentry_dsn``
+    is set. A bad DSN is logged, not raised: the worker runs on without Sentry."""
+    try:
+        alerts.init_sentry(_app_of(sender).conf.get("sentry_dsn"))
+    except Exception:
+        alerts.logger.exception("could not initialise Sentry; running without it")
+
+
+signals.worker_init.connect(_init_sentry)
+signals.beat_init.connect(_init_sentry)
+
+
+def _start_retention(sender: Any = None, **_: Any) -> None:
+    app = _app_of(sender)
+    if isinstance(app, App):
+        retention.start(app)
+
+
+def _stop_retention(sender: Any = None, **_: Any) -> None:
+    app = _app_of(sender)
+    if isinstance(app, App):
+        retention.stop(app)
+
+
+signals.worker_ready.connect(_start_retention)
+signals.worker_shutdown.connect(_stop_retention)

@@ -30,10 +30,7 @@ from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
 from conventions.records import Category
-
-#: retention defaults (documented): dead letters 30 days, audit events 14 days
-DEAD_LETTER_RETENTION = "30d"
-AUDIT_RETENTION = "14d"
+from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION
 
 
 class UsageError(Exception):
@@ -129,16 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     retention.add_argument(
         "--dead-letters",
         type=_argtype(fmt.parse_duration),
-        default=fmt.parse_duration(DEAD_LETTER_RETENTION),
+        default=DEAD_LETTER_RETENTION,
         metavar="DURATION",
-        help=f"keep dead letters this long (default {DEAD_LETTER_RETENTION})",
+        help=f"keep dead letters this long (default {DEAD_LETTER_RETENTION.days}d)",
     )
     retention.add_argument(
         "--audit",
         type=_argtype(fmt.parse_duration),
-        default=fmt.parse_duration(AUDIT_RETENTION),
+        default=AUDIT_RETENTION,
         metavar="DURATION",
-        help=f"keep audit events this long (default {AUDIT_RETENTION})",
+        help=f"keep audit events this long (default {AUDIT_RETENTION.days}d)",
     )
     return parser
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from conventions import audit, context, deadletter
+from conventions import alerts, audit, context, deadletter
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
@@ -220,7 +220,8 @@ class Delivery:
     def dead_letter(
         self, exc: BaseException | None, category: Category, reason: str, alert: bool = False
     ) -> None:
-        """Write the record first, then audit and log; the caller then acks or rejects."""
+        """Write the record first, then audit and log (an alert also goes to Sentry); the
+        caller then acks or rejects."""
         task, request = self.task, self.request
         first = self.headers.get(context.FIRST_FAILED_AT)
         record = deadletter.build(
@@ -241,8 +242,15 @@ class Delivery:
             "dead_lettered", category=str(category), dead_letter_id=record.id,
             reason=record.message,
         )  # fmt: skip
-        logger.error(
-            "%s[%s] dead-lettered as %s (%s): %s",
-            task.name, request.id, category, record.id, record.message,
-            exc_info=exc if alert and exc is not None else None,
-        )  # fmt: skip
+        line = (
+            f"{task.name}[{request.id}] dead-lettered as {category} ({record.id}): {record.message}"
+        )
+        if alert:
+            tags = {
+                "task": task.name, "queue": record.queue, "idempotency_key": self.key,
+                "correlation_id": record.correlation_id, "category": str(category),
+            }  # fmt: skip
+            alerts.alert(line, exc=exc, tags={k: v for k, v in tags.items() if v is not None})
+        else:
+            alerts.mark_handled(exc)  # a decision, not an error report: no Sentry event
+            logger.error("%s", line)

@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
+
+from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
 
 #: seconds a ledger lease lasts before another execution may take the key over
 DEFAULT_LEASE = 30.0
@@ -37,6 +40,14 @@ class Settings:
     default_time_limit: float
     workload_time_limits: dict[str, float]
     max_countdown: float
+    #: do workers purge dead letters and audit trails on their own?
+    retention_enabled: bool
+    #: seconds a dead letter is kept after its last failure
+    dead_letter_retention: float
+    #: seconds an audit trail is kept after its last event
+    audit_retention: float
+    #: seconds between two purges of a worker
+    retention_interval: float
 
 
 def _broker_url(conf: Any) -> str:
@@ -71,4 +82,22 @@ def read(conf: Any) -> Settings:
         default_time_limit=float(conf.get("conventions_default_time_limit") or DEFAULT_TIME_LIMIT),
         workload_time_limits=dict(conf.get("conventions_workload_time_limits") or {}),
         max_countdown=max_countdown(conf),
+        retention_enabled=_enabled(conf.get("conventions_retention_enabled")),
+        dead_letter_retention=_seconds(
+            conf, "conventions_dead_letter_retention_seconds", DEAD_LETTER_RETENTION
+        ),
+        audit_retention=_seconds(conf, "conventions_audit_retention_seconds", AUDIT_RETENTION),
+        retention_interval=_seconds(
+            conf, "conventions_retention_interval_seconds", RETENTION_INTERVAL
+        ),
     )
+
+
+def _enabled(value: Any) -> bool:
+    return value is None or bool(value)
+
+
+def _seconds(conf: Any, name: str, default: timedelta) -> float:
+    """A positive number of seconds; unset, 0 or negative gives ``default``."""
+    value = float(conf.get(name) or 0)
+    return value if value > 0 else default.total_seconds()
