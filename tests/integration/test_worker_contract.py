@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 import pytest
 from kombu import Connection, Exchange, Producer
 
+from conventions import cli
 from conventions.context import CORRELATION
 from conventions.records import Category
 from tasks import app
@@ -53,12 +55,18 @@ def test_a_foreign_message_with_valid_kwargs_runs_under_a_fresh_correlation_id()
     assert result["correlation"]
 
 
-def test_a_foreign_message_with_invalid_kwargs_is_dead_lettered_as_invalid() -> None:
+def test_a_foreign_message_with_invalid_kwargs_is_dead_lettered_as_invalid(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     task_id = _foreign_publish("testing.echo.v1", {"call_id": "bad id!", "extra": 1})
     record = wait_for(lambda: dead_letter_of(task_id))
     assert record.category is Category.INVALID
     assert "call_id" in record.message and "extra" in record.message
     assert record.headers.get(CORRELATION)
+    # and an operator finds it with its field error
+    assert cli.main(["dlq", "list", "--category", "invalid", "--json"]) == 0
+    listed = {row["task_id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert "call_id" in listed[task_id]["message"]
     # the worker keeps serving
     assert support_jobs.echo.delay(call_id="after_bad").get(timeout=30)["call_id"] == "after_bad"
 
