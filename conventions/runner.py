@@ -13,6 +13,7 @@ import random
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
@@ -254,3 +255,24 @@ class Delivery:
         else:
             alerts.mark_handled(exc)  # a decision, not an error report: no Sentry event
             logger.error("%s", line)
+
+
+def dead_letter_hard_timeout(
+    task: ConventionTask, task_id: str, kwargs: dict[str, Any], exc: BaseException
+) -> None:
+    """The hard time limit killed the job's process: Celery acks the message in the main
+    process, so the dead letter is written here, and the enqueue reservation dropped.
+
+    The job ignored its soft time limit (which would have been retried), so it is
+    treated as a bug: alerted, kept for triage and replay. Only the payload is known in
+    the main process: our headers stay with the killed child.
+    """
+    request = SimpleNamespace(id=task_id, retries=0, hostname=None, delivery_info={})
+    delivery = Delivery(task, request, {}, dict(kwargs or {}))
+    try:
+        payload = task.upcast_payload(task.payload.parse(delivery.kwargs, task=task.name))
+        delivery.key = delivery.body.key_for(payload)
+    except PayloadError:
+        delivery.key = None
+    reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"
+    delivery.dead_letter(exc, Category.BUG, reason, alert=True)

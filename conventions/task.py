@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar, cast
 
+from billiard.exceptions import TimeLimitExceeded
 from celery import Task
 from celery.result import AsyncResult
 
@@ -191,6 +192,14 @@ class ConventionTask(Task):  # type: ignore[misc]
                 "the visibility timeout): raise broker_transport_options['visibility_timeout'] "
                 "or schedule the job later with beat"
             )
+
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        """Celery calls this in the main process when the hard time limit kills a job;
+        every other failure was already decided by the runner in the child."""
+        if isinstance(exc, TimeLimitExceeded):
+            runner.dead_letter_hard_timeout(self, task_id, kwargs, exc)
 
     # -- run ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

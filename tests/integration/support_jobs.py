@@ -98,3 +98,25 @@ def echo(payload: Call, ctx: JobContext) -> dict[str, Any]:
         "correlation": ctx.correlation_id,
         "attempt": ctx.attempt,
     }
+
+
+@app.job(
+    "testing.stuck.v1",
+    payload=Call,
+    key="stuck:{call_id}",
+    workload="email",
+    time_limit=2.0,
+    soft_time_limit=1.0,
+)
+def stuck(payload: Call, ctx: JobContext) -> None:
+    """Ignores its soft time limit, so the hard limit kills its process."""
+    import time
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.1)
+        except SoftTimeLimitExceeded:
+            continue
