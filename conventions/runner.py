@@ -8,6 +8,7 @@ dead-lettered (written to the store *before* the message is acked or rejected).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import uuid
@@ -104,16 +105,19 @@ class Delivery:
         store, settings = task.store, task.settings
         delivery_id = f"{request.id}:{request.retries or 0}"
         # one round trip each for claim and complete, their audit events included
-        claim = store.claim(
-            key, self.owner, settings.lease, delivery_id, audit=self.event("started")
-        )
+        try:
+            claim = store.claim(
+                key, self.owner, settings.lease, delivery_id, audit=self.event("started")
+            )
+        except Exception as exc:
+            self.defer(f"the store is unavailable ({type(exc).__qualname__})", store_down=True)
         if claim.status is ClaimStatus.DONE:
             store.unreserve(key, request.id)
             self.audit("skipped_duplicate", outcome=claim.outcome, holder=claim.holder)
             logger.info("%s[%s]: key %s already done, body skipped", task.name, request.id, key)
             return None
         if claim.status is ClaimStatus.HELD:
-            self.defer()
+            self.defer("key held by a live run")
         if claim.deliveries > settings.max_deliveries:
             self.quarantine(claim.deliveries)
         ctx = JobContext(
@@ -149,19 +153,26 @@ class Delivery:
             return None  # the provider says the effect already happened
         return body.run(payload, ctx)
 
-    def defer(self) -> NoReturn:
-        """The key is held by a live run: publish this delivery again for later, spend
-        no attempt, and ack this copy. Never run twice at once, never dropped."""
+    def defer(self, reason: str, *, store_down: bool = False) -> NoReturn:
+        """Publish this delivery again for later, spend no attempt, and ack this copy:
+        the key is held by a live run (never run twice at once), or the store cannot be
+        reached (never dropped). If even the publish fails, the message goes back to the
+        broker unacked."""
         lease = self.task.settings.lease
         countdown = lease / 2 + random.uniform(0, lease / 2)
-        self.task.apply_async(
-            (), self.kwargs, task_id=self.request.id, headers=self.headers,
-            countdown=countdown, retries=self.request.retries or 0, **{READY: True},
-        )  # fmt: skip
-        self.audit("deferred", delay=round(countdown, 3), reason="key held by a live run")
-        logger.info(
-            "%s[%s]: key %s held by a live run, deferred %.1fs",
-            self.task.name, self.request.id, self.key, countdown,
+        try:
+            self.task.apply_async(
+                (), self.kwargs, task_id=self.request.id, headers=self.headers,
+                countdown=countdown, retries=self.request.retries or 0, **{READY: True},
+            )  # fmt: skip
+        except Exception as exc:
+            logger.error("%s[%s]: could not defer (%s); requeued", self.task.name,
+                         self.request.id, exc)  # fmt: skip
+            raise Reject(reason, requeue=True) from exc
+        if not store_down:  # an audit write would fail too
+            self.audit("deferred", delay=round(countdown, 3), reason=reason)
+        (logger.warning if store_down else logger.info)(
+            "%s[%s]: deferred %.1fs: %s", self.task.name, self.request.id, countdown, reason
         )  # fmt: skip
         raise Ignore()
 
@@ -236,7 +247,14 @@ class Delivery:
             reason=reason,
             first_failed_at=datetime.fromisoformat(first) if first else None,
         )
-        task.store.put_dead_letter(record)
+        try:
+            task.store.put_dead_letter(record)
+        except Exception as write_error:
+            # no home for the record: keep the job instead (it runs again later)
+            self.defer(
+                f"the store is unavailable for the dead letter ({type(write_error).__qualname__})",
+                store_down=True,
+            )
         if self.key:
             task.store.unreserve(self.key, request.id)
         self.audit(
@@ -275,4 +293,5 @@ def dead_letter_hard_timeout(
     except PayloadError:
         delivery.key = None
     reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"
-    delivery.dead_letter(exc, Category.BUG, reason, alert=True)
+    with contextlib.suppress(Ignore, Reject):  # store down: published again (``defer``)
+        delivery.dead_letter(exc, Category.BUG, reason, alert=True)

@@ -1,0 +1,101 @@
+"""A store outage never loses a job: deliveries wait for the store to come back.
+
+The store is a Redis server of this test's own on a spare port, stopped and started
+again; the machine's Redis (the broker) is untouched.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from conventions.records import Category
+from conventions.store import RedisStore
+from tasks import app
+from tests.integration.test_worker_contract import _foreign_publish
+
+pytestmark = pytest.mark.usefixtures("services", "thread_worker")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SpareRedis:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def spare_store() -> Iterator[SpareRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed: the outage test needs a server to stop")
+    spare = SpareRedis()
+    spare.start()
+    store = RedisStore(f"redis://127.0.0.1:{spare.port}/0")
+    previous = app.__dict__.get("_cc_store")
+    app.__dict__["_cc_store"] = store
+    yield spare
+    app.__dict__["_cc_store"] = previous
+    spare.stop()
+    store.close()
+
+
+def test_a_job_delivered_while_the_store_is_down_runs_once_it_is_back(
+    spare_store: SpareRedis,
+) -> None:
+    spare_store.stop()
+    task_id = _foreign_publish("testing.echo.v1", {"call_id": "outage_1"})
+    time.sleep(2)  # the worker receives it while the store is down and defers it
+    spare_store.start()
+    result = app.AsyncResult(task_id).get(timeout=60)
+    assert result["call_id"] == "outage_1"
+
+
+def test_a_dead_letter_that_cannot_be_written_keeps_the_job_until_it_can(
+    spare_store: SpareRedis,
+) -> None:
+    spare_store.stop()
+    task_id = _foreign_publish("testing.echo.v1", {"call_id": "bad id during outage"})
+    time.sleep(2)
+    spare_store.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = [r for r in app.store.list_dead_letters() if r.task_id == task_id]
+        if found:
+            break
+        time.sleep(0.2)
+    assert found and found[0].category is Category.INVALID
