@@ -52,6 +52,8 @@ QUEUE = "email"
 #: delivery tags, and a sorted set of their delivery times)
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
+#: kombu's Redis restore mutex (``unacked_mutex_key``)
+UNACKED_MUTEX = "unacked_mutex"
 #: the test-only jobs, on top of the shared ones
 INCLUDE = "tests.integration.support_jobs,tests.acceptance.support_crash"
 
@@ -86,7 +88,7 @@ LOST_RUNNING_JOB = "Task handler raised error: WorkerLostError"
 #: what ``payments.apply_event.v1`` returns when ``once()`` found its marker
 ALREADY = "'already applied'"
 #: what the runner logs when a delivery finds its key held, or already done
-DEFERRED = "held by a live run, deferred"
+DEFERRED = ": key held by a live run"  # the runner's "deferred <n>s: <reason>" line
 SKIPPED = "already done, body skipped"
 
 
@@ -328,6 +330,10 @@ class Killer(threading.Thread):
         # the dead worker's messages come back at the next sweep that finds them older
         # than the visibility timeout: the replacement's first one
         time.sleep(max(0.0, killed_at + CHAOS_VISIBILITY + 0.5 - time.time()))
+        # a worker killed mid-sweep leaves kombu's restore mutex held for up to 5 minutes
+        broker = redis.Redis.from_url(app.conf.broker_url)
+        broker.delete(UNACKED_MUTEX)
+        broker.close()
         replacement = self.start_worker(name)
         with self.lock:
             self.live.append(replacement)
@@ -552,7 +558,10 @@ def test_a_visibility_timeout_redelivery_does_not_run_the_body_twice(
         return bool(times) and time.time() - max(times) > SLOW_VISIBILITY + 0.5
 
     wait_for(delivered_long_ago, timeout=30, every=0.2)
-    # ... so the next worker's first sweep puts it back while the first run goes on
+    # ... so the next worker's first sweep puts it back while the first run goes on.
+    # kombu sweeps under a mutex that a worker killed mid-sweep (earlier tests kill -9
+    # workers) leaves held for up to 5 minutes: clear it so the sweep is not skipped.
+    broker_redis.delete(UNACKED_MUTEX)
     second = worker_process("slow2", QUEUE, 2, include=INCLUDE, **short)
     workers = [first, second]
     wait_for(lambda: _count(workers, DEFERRED) >= 1, timeout=30, every=0.2)
