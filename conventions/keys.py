@@ -16,6 +16,8 @@ Layout (``{p}`` is the prefix)::
     {p}dl:cat-task:{cat}:{task} zset    same, one category and one task
     {p}audit:log:{correlation}  list    AuditEvent JSON, append order (EXPIRE audit_ttl)
     {p}audit:by-time            zset    correlation id -> time of its last event
+    {p}lease:{name}             string  owner of a named lease (PX ttl)
+    {p}state:{name}             string  a small JSON document (PX ttl or none)
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
@@ -50,6 +52,11 @@ DEAD_LETTERS_BY_CATEGORY_TASK: Final = "dl:cat-task:"
 AUDIT: Final = "audit:log:"
 #: index of correlation ids by the time of their last event, for purging
 AUDIT_BY_TIME: Final = "audit:by-time"
+
+#: a named lease (per-key lock, concurrency slot, schedule overlap)
+LEASE: Final = "lease:"
+#: a small JSON state document (checkpoint, progress, schedule run)
+STATE: Final = "state:"
 
 
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -113,3 +120,13 @@ def pattern(prefix: str = DEFAULT_PREFIX) -> str:
     """A ``SCAN MATCH`` pattern for every key under ``prefix`` (glob characters escaped)."""
     escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix)
     return f"{escaped}*"
+
+
+def lease(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of the named lease ``name``."""
+    return f"{prefix}{LEASE}{name}"
+
+
+def state(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of the state document ``name``."""
+    return f"{prefix}{STATE}{name}"

@@ -8,8 +8,9 @@ unique row, a Lua script or a conditional ``UPDATE``), never by a read-then-writ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from conventions.records import AuditEvent, Category, Claim, DeadLetter
 
@@ -123,5 +124,36 @@ class Store(Protocol):
         """Delete the trails whose last event is before ``older_than`` (a trail with a
         recent event is kept whole); return how many events were deleted."""
         ...
+
+    # -- leases -----------------------------------------------------------------------
+    # Named leases for everything that must not run twice at once across workers: per-key
+    # locks, concurrency slots, schedule overlap. A lease ends when released or when its
+    # ttl runs out, so a crashed holder never leaves it taken.
+    def acquire(self, name: str, owner: str, ttl: float) -> str | None:
+        """Take lease ``name`` for ``owner`` for ``ttl`` seconds; None when it is ours (a
+        free or expired lease, or ``owner``'s own, which is extended), else the holder."""
+        ...
+
+    def renew_lease(self, name: str, owner: str, ttl: float) -> bool:
+        """Extend ``owner``'s lease to ``ttl`` seconds from now; False when it is not ours."""
+        ...
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        """Give the lease up if ``owner`` holds it; True when it did."""
+        ...
+
+    def lease_holder(self, name: str) -> str | None:
+        """Who holds lease ``name`` now, or None."""
+        ...
+
+    # -- small state records -------------------------------------------------------------
+    # JSON documents by name (checkpoints, progress, schedule runs): last write wins.
+    def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:
+        """Store ``value`` under ``name`` for ``ttl`` seconds (None: until deleted)."""
+        ...
+
+    def get_state(self, name: str) -> dict[str, Any] | None: ...
+
+    def delete_state(self, name: str) -> None: ...
 
     def close(self) -> None: ...

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -218,6 +219,31 @@ end
 return {#ids, removed}
 """
 
+#: KEYS: lease. ARGV: owner, ttl ms. Takes a free lease or extends the owner's own;
+#: returns the holder otherwise.
+_ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return holder end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+
+#: KEYS: lease. ARGV: owner, ttl ms. Returns 1 when the lease was ours and extended.
+_RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+#: KEYS: lease. ARGV: owner. Returns 1 when the lease was ours and is released.
+_RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 #: how many records or correlation ids one purge script call handles (bounds the time
 #: Redis spends in one script)
 PURGE_BATCH = 500
@@ -273,6 +299,9 @@ class RedisStore:
         self._purge_dead_letters = register(_PURGE_DEAD_LETTERS)
         self._list_dead_letters = register(_LIST_DEAD_LETTERS)
         self._purge_audit = register(_PURGE_AUDIT)
+        self._acquire = register(_ACQUIRE)
+        self._renew_lease = register(_RENEW_LEASE)
+        self._release_lease = register(_RELEASE_LEASE)
 
     # -- enqueue dedup ---------------------------------------------------------------
     def reserve(
@@ -457,6 +486,32 @@ class RedisStore:
             removed += int(dropped)
             if int(seen) < PURGE_BATCH:
                 return removed
+
+    # -- leases ---------------------------------------------------------------------------
+    def acquire(self, name: str, owner: str, ttl: float) -> str | None:
+        holder = self._acquire(keys=[keys.lease(name, self.prefix)], args=[owner, _ms(ttl)])
+        return None if not holder else cast(str, holder)
+
+    def renew_lease(self, name: str, owner: str, ttl: float) -> bool:
+        return bool(self._renew_lease(keys=[keys.lease(name, self.prefix)], args=[owner, _ms(ttl)]))
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        return bool(self._release_lease(keys=[keys.lease(name, self.prefix)], args=[owner]))
+
+    def lease_holder(self, name: str) -> str | None:
+        return cast(str | None, self.client.get(keys.lease(name, self.prefix)))
+
+    # -- small state records ------------------------------------------------------------
+    def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:
+        data = json.dumps(dict(value), separators=(",", ":"), default=str)
+        self.client.set(keys.state(name, self.prefix), data, px=None if ttl is None else _ms(ttl))
+
+    def get_state(self, name: str) -> dict[str, Any] | None:
+        data = self.client.get(keys.state(name, self.prefix))
+        return None if data is None else cast(dict[str, Any], json.loads(data))
+
+    def delete_state(self, name: str) -> None:
+        self.client.delete(keys.state(name, self.prefix))
 
     def close(self) -> None:
         if self._owns_client:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -109,6 +109,7 @@ class SQLStore:
         self.dedup, self.ledger, self.deliveries, self.dead_letters, self.audit = _tables(
             self.metadata, table_prefix
         )
+        self.leases, self.states = _lease_tables(self.metadata, table_prefix)
         try:
             self.metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.DBAPIError:
@@ -364,6 +365,69 @@ class SQLStore:
         with self.engine.begin() as conn:
             return conn.execute(purge).rowcount
 
+    # -- leases ---------------------------------------------------------------------------
+    def acquire(self, name: str, owner: str, ttl: float) -> str | None:
+        """One upsert takes a free or expired lease or extends our own; else the holder."""
+        now = utcnow()
+        t = self.leases
+        taken = self._upsert(
+            t,
+            {"name": name, "owner": owner, "expires_at": now + timedelta(seconds=ttl)},
+            where=sa.or_(t.c.expires_at <= now, t.c.owner == owner),
+        ).returning(t.c.name)
+        with self.engine.begin() as conn:
+            if conn.execute(taken).first() is not None:
+                return None
+            holder = conn.execute(sa.select(t.c.owner).where(t.c.name == name)).scalar_one()
+        return str(holder)
+
+    def renew_lease(self, name: str, owner: str, ttl: float) -> bool:
+        now = utcnow()
+        t = self.leases
+        renewed = (
+            sa.update(t)
+            .where(t.c.name == name, t.c.owner == owner, t.c.expires_at > now)
+            .values(expires_at=now + timedelta(seconds=ttl))
+        )
+        with self.engine.begin() as conn:
+            return conn.execute(renewed).rowcount == 1
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        t = self.leases
+        dropped = sa.delete(t).where(
+            t.c.name == name, t.c.owner == owner, t.c.expires_at > utcnow()
+        )
+        with self.engine.begin() as conn:
+            return conn.execute(dropped).rowcount == 1
+
+    def lease_holder(self, name: str) -> str | None:
+        t = self.leases
+        with self._read() as conn:
+            holder = conn.execute(
+                sa.select(t.c.owner).where(t.c.name == name, t.c.expires_at > utcnow())
+            ).scalar()
+        return None if holder is None else str(holder)
+
+    # -- small state records ------------------------------------------------------------
+    def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:
+        expires = None if ttl is None else utcnow() + timedelta(seconds=ttl)
+        data = json.dumps(dict(value), separators=(",", ":"), default=str)
+        row = {"name": name, "data": data, "expires_at": expires}
+        with self.engine.begin() as conn:
+            conn.execute(self._upsert(self.states, row, where=None))
+
+    def get_state(self, name: str) -> dict[str, Any] | None:
+        t = self.states
+        alive = sa.or_(t.c.expires_at.is_(None), t.c.expires_at > utcnow())
+        with self._read() as conn:
+            data = conn.execute(sa.select(t.c.data).where(t.c.name == name, alive)).scalar()
+        return None if data is None else cast(dict[str, Any], json.loads(data))
+
+    def delete_state(self, name: str) -> None:
+        t = self.states
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(t).where(t.c.name == name))
+
     def close(self) -> None:
         if self._owns_engine:
             self.engine.dispose()
@@ -427,3 +491,23 @@ def _tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, ...]:
         sa.Index(f"ix_{p}audit_at", "at"),
     )
     return dedup, ledger, deliveries, dead_letters, audit
+
+
+def _lease_tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, sa.Table]:
+    """Named leases and small state documents."""
+    leases = sa.Table(
+        f"{p}leases",
+        metadata,
+        sa.Column("name", sa.String, primary_key=True),
+        sa.Column("owner", sa.String, nullable=False),
+        sa.Column("expires_at", UTCDateTime, nullable=False),
+    )
+    states = sa.Table(
+        f"{p}states",
+        metadata,
+        sa.Column("name", sa.String, primary_key=True),
+        sa.Column("data", sa.Text, nullable=False),
+        #: null: kept until deleted
+        sa.Column("expires_at", UTCDateTime, nullable=True),
+    )
+    return leases, states
