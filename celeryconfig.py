@@ -12,6 +12,7 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``DATABASE_URL``: the reference shop's business database (SQLite file by default);
 * ``SMTP_URL``: where receipts are sent (``smtp://host:port``; unset: recorded only);
 * ``SENTRY_DSN``: Sentry, when set;
+* ``CONVENTIONS_LOG_FORMAT``: the worker's log lines, ``text`` (default) or ``json``;
 * ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``);
 * ``CONVENTIONS_VISIBILITY_TIMEOUT``: overrides the Redis visibility timeout (seconds; tests
   shorten it to prove that a redelivered long job does not run twice).
@@ -97,6 +98,7 @@ conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (
     f"sqlite:///{DATA_DIR / 'store.sqlite3'}" if EMBEDDED else REDIS_URL
 )
 conventions_lease_seconds = float(_env.get("CONVENTIONS_LEASE_SECONDS", "30"))
+conventions_log_format = _env.get("CONVENTIONS_LOG_FORMAT", "text")
 
 # -- the reference app ---------------------------------------------------------------------
 shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sqlite3'}"

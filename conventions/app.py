@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery, signals
 
-from conventions import alerts, retention, routing, settings
+from conventions import alerts, retention, routing, settings, tracing
 from conventions import job as joblib
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
@@ -200,6 +200,7 @@ def _after_fork(**_: Any) -> None:
 
 
 signals.worker_process_init.connect(_after_fork)
+tracing.connect()
 
 
 def _shutting_down(**_: Any) -> None:

@@ -7,7 +7,8 @@ as ``task.request`` attributes, since Sentry reshapes ``request.headers``.
 
 Web code binds a context per request (``bind(...)`` or the middleware in
 ``conventions.web``); ``.delay()`` picks it up. Inside a job the context is the job's,
-so child jobs inherit its correlation id and name the job as their cause.
+so child jobs inherit its correlation id and name the job as their cause (the signal
+handlers in ``conventions.tracing`` do this for every publish, plain tasks included).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextvars
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 PREFIX = "cc_"
@@ -121,13 +123,23 @@ def reset(token: contextvars.Token[Trace | None]) -> None:
     _current.reset(token)
 
 
-def from_request(request: Any) -> Trace:
+def now_iso() -> str:
+    """Now, as our time headers spell it (ISO 8601, UTC)."""
+    return datetime.now(UTC).isoformat()
+
+
+def from_request(request: Any, *, assign: bool = False) -> Trace:
     """The context of a running job, read from its ``task.request`` attributes.
 
     A message from a foreign producer has none of our headers: it gets a fresh
-    correlation id here, at receipt.
+    correlation id at receipt (``assign`` keeps it on the request, so every later read
+    of this delivery finds the same one).
     """
-    correlation = getattr(request, CORRELATION, None) or new_id()
+    correlation = getattr(request, CORRELATION, None)
+    if not correlation:
+        correlation = new_id()
+        if assign:
+            setattr(request, CORRELATION, correlation)
     return Trace(
         correlation_id=correlation,
         request_id=getattr(request, REQUEST, None),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from conventions import alerts, audit, context, deadletter
+from conventions import alerts, audit, context, deadletter, logs
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
@@ -97,6 +97,7 @@ class Delivery:
             payload = task.upcast_payload(payload)
         self.key = str(self.headers.get(context.IDEMPOTENCY_KEY) or self.body.key_for(payload))
         self.headers[context.IDEMPOTENCY_KEY] = self.key
+        logs.update_job(idempotency_key=self.key)
         return payload
 
     def execute(self, payload: Payload, trace: Trace) -> Any:
