@@ -26,6 +26,7 @@ from conventions import alerts, bind
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, wait_for
+from tests.integration.support_tracing import log_error
 
 pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
 
@@ -275,3 +276,16 @@ def test_a_bad_sentry_dsn_is_logged_and_the_worker_starts_without_sentry(
 
     assert sentry_sdk.get_client() is client
     assert any("could not initialise Sentry" in r.getMessage() for r in caplog.records)
+
+
+def test_an_event_raised_inside_a_job_by_its_own_code_carries_the_jobs_tags(inbox: Inbox) -> None:
+    order = f"ord_{uuid.uuid4().hex[:8]}"
+    with bind(correlation_id=f"corr-{order}"):
+        result = log_error.delay(order_id=order)
+    _settle(result)
+
+    [event] = [e for e in inbox.events if order in str(e.get("logentry") or e.get("message"))]
+    tags = event["tags"]
+    assert tags["correlation_id"] == f"corr-{order}"
+    assert (tags["task"], tags["version"], tags["queue"]) == ("testing.log_error.v1", "v1", "email")
+    assert tags["idempotency_key"] == f"logerr:{order}"
