@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install services lint typecheck unit test demo bench clean
+.PHONY: install services lint typecheck docs unit test demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,11 +24,15 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# the documentation site; --strict turns a broken link or anchor into a failure
+docs: install
+	$(BIN)/mkdocs build --strict -q
+
 unit: install
 	$(BIN)/pytest tests/unit -q -p no:cacheprovider
 
 # pytest exits 5 when it collects nothing: make fails then, so CI never passes on nothing.
-test: install services lint typecheck
+test: install services lint typecheck docs
 	$(BIN)/python scripts/check_layering.py
 	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance -p no:cacheprovider
 
