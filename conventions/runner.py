@@ -92,6 +92,7 @@ class Delivery:
             if args:
                 self.kwargs = {"args": list(args), **self.kwargs}
             self.dead_letter(exc, Category.INVALID, str(exc))
+            self.settle_result(exc)
             raise Reject(str(exc), requeue=False) from exc
         if task.upcast is not None:
             payload = task.upcast_payload(payload)
@@ -186,7 +187,22 @@ class Delivery:
         self.task.store.release(str(self.key), self.owner, None)
         self.dead_letter(None, Category.POISON, reason, alert=True)
         self.audit("quarantined", deliveries=deliveries)
+        self.settle_result(Reject(reason, requeue=False))
         raise Reject(reason, requeue=False)
+
+    def settle_result(self, exc: BaseException) -> None:
+        """A rejected message never reaches Celery's result handling: store FAILURE so
+        that a caller waiting on ``.get()`` gets an answer instead of waiting forever."""
+        task = self.task
+        if task.ignore_result:
+            return
+        try:
+            task.backend.mark_as_failure(
+                self.request.id, exc, request=self.request, call_errbacks=False
+            )
+        except Exception:
+            logger.warning("%s[%s]: could not store its failure", task.name, self.request.id,
+                           exc_info=True)  # fmt: skip
 
     def on_failure(self, exc: Exception) -> Any:
         """Turn the body's exception into its one decision."""

@@ -52,6 +52,8 @@ def test_a_job_that_kills_its_worker_is_quarantined_as_poison_and_others_complet
     record = wait_for(lambda: dead_letter_of(bad.id), timeout=90, every=0.5)
     assert record.category is Category.POISON
     assert "keeps killing its worker" in record.message
+    with pytest.raises(Exception, match="keeps killing its worker"):
+        bad.get(timeout=30)  # a final state, not STARTED forever
     assert support_jobs.echo.delay(call_id="after_poison").get(timeout=30)
 
 

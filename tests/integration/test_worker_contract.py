@@ -63,6 +63,9 @@ def test_a_foreign_message_with_invalid_kwargs_is_dead_lettered_as_invalid(
     assert record.category is Category.INVALID
     assert "call_id" in record.message and "extra" in record.message
     assert record.headers.get(CORRELATION)
+    # a caller waiting on the result gets the failure instead of waiting forever
+    with pytest.raises(Exception, match="call_id"):
+        app.AsyncResult(task_id).get(timeout=30)
     # and an operator finds it with its field error
     assert cli.main(["dlq", "list", "--category", "invalid", "--json"]) == 0
     listed = {row["task_id"]: row for row in json.loads(capsys.readouterr().out)}
