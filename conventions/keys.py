@@ -16,6 +16,7 @@ Layout (``{p}`` is the prefix)::
     {p}dl:cat-task:{cat}:{task} zset    same, one category and one task
     {p}audit:log:{correlation}  list    AuditEvent JSON, append order (EXPIRE audit_ttl)
     {p}audit:by-time            zset    correlation id -> time of its last event
+    {p}counts                   hash    <name>|<task> -> count (conventions.counts)
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
@@ -50,6 +51,9 @@ DEAD_LETTERS_BY_CATEGORY_TASK: Final = "dl:cat-task:"
 AUDIT: Final = "audit:log:"
 #: index of correlation ids by the time of their last event, for purging
 AUDIT_BY_TIME: Final = "audit:by-time"
+
+#: the counters every audit event moves, for the metrics exporter (one hash)
+COUNTS: Final = "counts"
 
 
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -107,6 +111,11 @@ def audit(correlation_id: str, prefix: str = DEFAULT_PREFIX) -> str:
 def audit_by_time(prefix: str = DEFAULT_PREFIX) -> str:
     """The sorted set of correlation ids by the time of their last event."""
     return f"{prefix}{AUDIT_BY_TIME}"
+
+
+def counts(prefix: str = DEFAULT_PREFIX) -> str:
+    """The hash of counters (``<name>|<task>`` -> count) the audit events move."""
+    return f"{prefix}{COUNTS}"
 
 
 def pattern(prefix: str = DEFAULT_PREFIX) -> str:
