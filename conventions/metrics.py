@@ -63,7 +63,28 @@ HISTOGRAMS: Mapping[str, tuple[str, str]] = {
     counts.RUN: ("job_run_seconds", "run time of the body, every outcome"),
 }
 
+#: gauge -> (labels, help)
+GAUGES: Mapping[str, tuple[tuple[str, ...], str]] = {
+    "broker_up": ((), "1 when the last broker read succeeded, else 0"),
+    "queue_depth": (("queue",), "jobs waiting in the queue, every priority included"),
+    "queue_oldest_age_seconds": (("queue",), "how long the oldest waiting job has been due"),
+    "queue_consumers": (("queue",), "workers consuming the queue"),
+    "queue_slo_seconds": (("queue",), "how long a job may wait in the queue (its SLO)"),
+    "store_up": ((), "1 when the last store read succeeded, else 0"),
+    "dead_letters": ((), "dead-letter records kept in the store"),
+    "outbox_lag_seconds": ((), "age of the oldest outbox row not published yet"),
+}
+
 OutboxLag = Callable[[], "float | None"]
+
+
+def exported_names() -> set[str]:
+    """Every sample name the exporter can show (for the rules and dashboard checks)."""
+    names = {f"{NAMESPACE}_{gauge}" for gauge in GAUGES}
+    names |= {f"{NAMESPACE}_{noun}_total" for noun, _ in EVENT_COUNTERS.values()}
+    for noun, _ in HISTOGRAMS.values():
+        names |= {f"{NAMESPACE}_{noun}_{part}" for part in ("bucket", "sum", "count")}
+    return names
 
 
 def queue_of_tasks(app: Any) -> dict[str, str]:
@@ -150,11 +171,12 @@ class Exporter(Collector):
         yield from self._store_metrics()
         yield from self._outbox_metrics()
 
-    def _gauge(self, name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-        return GaugeMetricFamily(f"{NAMESPACE}_{name}", doc, labels=labels)
+    def _gauge(self, name: str) -> GaugeMetricFamily:
+        labels, doc = GAUGES[name]
+        return GaugeMetricFamily(f"{NAMESPACE}_{name}", doc, labels=list(labels))
 
     def _queue_metrics(self) -> Iterator[Metric]:
-        up = self._gauge("broker_up", "1 when the last broker read succeeded")
+        up = self._gauge("broker_up")
         with self._lock:
             consumers = self._consumers
             try:
@@ -163,12 +185,8 @@ class Exporter(Collector):
                 logger.exception("could not read the queues from the broker")
                 states, ok = [], 0
         up.add_metric([], ok)
-        depth = self._gauge("queue_depth", "jobs waiting in the queue", ["queue"])
-        age = self._gauge(
-            "queue_oldest_age_seconds", "how long the oldest waiting job has been due", ["queue"]
-        )
-        consumed = self._gauge("queue_consumers", "workers consuming the queue", ["queue"])
-        slo = self._gauge("queue_slo_seconds", "the queue's wait SLO", ["queue"])
+        depth, age = self._gauge("queue_depth"), self._gauge("queue_oldest_age_seconds")
+        consumed, slo = self._gauge("queue_consumers"), self._gauge("queue_slo_seconds")
         for state in states:
             depth.add_metric([state.queue], state.depth)
             if state.oldest_age is not None or state.depth == 0:
@@ -180,7 +198,7 @@ class Exporter(Collector):
         yield from (up, depth, age, consumed, slo)
 
     def _store_metrics(self) -> Iterator[Metric]:
-        up = self._gauge("store_up", "1 when the last store read succeeded")
+        up = self._gauge("store_up")
         store = self.app.store
         try:
             counters, dead_letters = store.counters(), store.count_dead_letters()
@@ -191,7 +209,7 @@ class Exporter(Collector):
             return
         up.add_metric([], 1)
         yield up
-        stored = self._gauge("dead_letters", "dead-letter records kept in the store")
+        stored = self._gauge("dead_letters")
         stored.add_metric([], dead_letters)
         yield stored
         by_event = counts.events(counters)
@@ -221,9 +239,7 @@ class Exporter(Collector):
             logger.exception("could not read the outbox lag")
             return
         if lag is not None:
-            gauge = self._gauge(
-                "outbox_lag_seconds", "age of the oldest row the relay has not published"
-            )
+            gauge = self._gauge("outbox_lag_seconds")
             gauge.add_metric([], float(lag))
             yield gauge
 
