@@ -97,6 +97,8 @@ conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (
     f"sqlite:///{DATA_DIR / 'store.sqlite3'}" if EMBEDDED else REDIS_URL
 )
 conventions_lease_seconds = float(_env.get("CONVENTIONS_LEASE_SECONDS", "30"))
+#: how long a job may wait in each queue before QueueOldestJobOverSLO fires (seconds)
+conventions_queue_slo_seconds = {"email": 120.0, "heavy": 1800.0}
 
 # -- the reference app ---------------------------------------------------------------------
 shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sqlite3'}"
