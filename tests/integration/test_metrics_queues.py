@@ -54,7 +54,7 @@ def test_with_no_worker_the_oldest_age_grows_and_a_worker_drains_it_to_zero(
     elapsed = time.time() - first
     age = scrape["celery_conventions_queue_oldest_age_seconds", "email", ""]
     assert scrape["celery_conventions_queue_depth", "email", ""] == 100
-    assert elapsed - 3 <= age <= elapsed + 1, (age, elapsed)
+    assert elapsed - 5 <= age <= elapsed + 1, (age, elapsed)  # about 30 s
     assert scrape["celery_conventions_queue_consumers", "email", ""] == 0
     assert scrape["celery_conventions_queue_oldest_age_seconds", "heavy", ""] == 0
 
