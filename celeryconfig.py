@@ -99,6 +99,8 @@ conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (
 )
 conventions_lease_seconds = float(_env.get("CONVENTIONS_LEASE_SECONDS", "30"))
 conventions_log_format = _env.get("CONVENTIONS_LOG_FORMAT", "text")
+#: how long a job may wait in each queue before QueueOldestJobOverSLO fires (seconds)
+conventions_queue_slo_seconds = {"email": 120.0, "heavy": 1800.0}
 
 # -- the reference app ---------------------------------------------------------------------
 shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sqlite3'}"

@@ -8,6 +8,8 @@
     conventions dlq purge --older-than DURATION
     conventions trace CORRELATION_ID [--json]
     conventions retention [--dead-letters 30d] [--audit 14d]
+    conventions metrics serve [--port 9808]       (see conventions.cli_observe)
+    conventions queues [--json] [--watch]
 
 The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
 layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
@@ -26,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from conventions import cli_format as fmt
+from conventions import cli_observe
 from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help=f"keep audit events this long (default {AUDIT_RETENTION.days}d)",
     )
+    cli_observe.add_commands(commands)
     return parser
 
 
@@ -282,4 +286,6 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("dlq", "purge"): _dlq_purge,
     ("trace", None): _trace,
     ("retention", None): _retention,
+    ("metrics", None): cli_observe.metrics_command,
+    ("queues", None): cli_observe.queues_command,
 }

@@ -18,6 +18,7 @@ Layout (``{p}`` is the prefix)::
     {p}audit:by-time            zset    correlation id -> time of its last event
     {p}lease:{name}             string  owner of a named lease (PX ttl)
     {p}state:{name}             string  a small JSON document (PX ttl or none)
+    {p}counts                   hash    <name>|<task> -> count (conventions.counts)
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
@@ -57,6 +58,8 @@ AUDIT_BY_TIME: Final = "audit:by-time"
 LEASE: Final = "lease:"
 #: a small JSON state document (checkpoint, progress, schedule run)
 STATE: Final = "state:"
+#: the counters every audit event moves, for the metrics exporter (one hash)
+COUNTS: Final = "counts"
 
 
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -114,6 +117,11 @@ def audit(correlation_id: str, prefix: str = DEFAULT_PREFIX) -> str:
 def audit_by_time(prefix: str = DEFAULT_PREFIX) -> str:
     """The sorted set of correlation ids by the time of their last event."""
     return f"{prefix}{AUDIT_BY_TIME}"
+
+
+def counts(prefix: str = DEFAULT_PREFIX) -> str:
+    """The hash of counters (``<name>|<task>`` -> count) the audit events move."""
+    return f"{prefix}{COUNTS}"
 
 
 def pattern(prefix: str = DEFAULT_PREFIX) -> str:

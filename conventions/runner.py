@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from conventions import alerts, audit, context, deadletter, logs
+from conventions import alerts, audit, context, deadletter, logs, queues
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
@@ -56,6 +57,8 @@ class Delivery:
     kwargs: dict[str, Any]
     key: str | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: when the body started (monotonic): the outcome events carry its run time
+    ran_from: float | None = None
 
     @property
     def body(self) -> ConventionTask:
@@ -68,14 +71,26 @@ class Delivery:
     def event(self, name: str, **detail: Any) -> AuditEvent:
         return audit.event(
             name, self.task.name, self.request.id, self.headers,
-            attempt=self.attempt, detail=detail,
+            attempt=self.attempt, detail={**detail, **self.timing()},
         )  # fmt: skip
 
     def audit(self, name: str, **detail: Any) -> None:
         audit.record(
             self.task.store, name, self.task.name, self.request.id, self.headers,
-            attempt=self.attempt, detail=detail,
+            attempt=self.attempt, detail={**detail, **self.timing()},
         )  # fmt: skip
+
+    def timing(self) -> dict[str, float]:
+        """``run_s`` for the events after the body started (the run-time histogram)."""
+        if self.ran_from is None:
+            return {}
+        return {"run_s": round(time.monotonic() - self.ran_from, 4)}
+
+    def waited(self) -> dict[str, float]:
+        """``wait_s``: how long this delivery waited since it was due (the wait histogram)."""
+        eta = getattr(self.request, "eta", None)
+        wait = queues.waited(self.headers.get(context.ENQUEUED_AT), eta)
+        return {} if wait is None else {"wait_s": round(wait, 4)}
 
     def validate(self, args: Any) -> Payload:
         """The payload model; an invalid message is dead-lettered as ``invalid``."""
@@ -109,8 +124,9 @@ class Delivery:
         # one round trip each for claim and complete, their audit events included
         try:
             claim = store.claim(
-                key, self.owner, settings.lease, delivery_id, audit=self.event("started")
-            )
+                key, self.owner, settings.lease, delivery_id,
+                audit=self.event("started", **self.waited()),
+            )  # fmt: skip
         except Exception as exc:
             self.defer(f"the store is unavailable ({type(exc).__qualname__})", store_down=True)
         if claim.status is ClaimStatus.DONE:
@@ -132,6 +148,7 @@ class Delivery:
             replay_of=self.headers.get(context.REPLAY_OF),
         )
         keeper.hold(store, key, self.owner, settings.lease)
+        self.ran_from = time.monotonic()
         try:
             result = self.call_body(payload, ctx)
         except (Retry, Ignore, Reject):

@@ -120,6 +120,13 @@ class Store(Protocol):
         """Every event of one correlation id, oldest first."""
         ...
 
+    def counters(self) -> dict[tuple[str, str], int]:
+        """Every counter the audit events moved, by (name, task): each recorded event
+        adds to ``(event, task)`` in the same step as the event itself (a dead letter to
+        ``("dead_lettered:<category>", task)``), plus the wait and run histograms of
+        :mod:`conventions.counts`. Read by the metrics exporter."""
+        ...
+
     def purge_audit(self, older_than: datetime) -> int:
         """Delete the trails whose last event is before ``older_than`` (a trail with a
         recent event is kept whole); return how many events were deleted."""

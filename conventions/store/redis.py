@@ -23,23 +23,29 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from conventions import keys
+from conventions import counts, keys
 from conventions.records import AuditEvent, Category, Claim, ClaimStatus, DeadLetter
 
-#: Appends an audit event in the same script as the state change it records. Every script
-#: that uses it takes the audit trail and the by-time index as its last two KEYS and
-#: (event JSON or '', trail ttl s, score, correlation id) as its last four ARGV.
+#: Appends an audit event in the same script as the state change it records, and moves
+#: its counters (:mod:`conventions.counts`). Every script that uses it takes the audit
+#: trail, the by-time index and the counters hash as its last three KEYS and (event JSON
+#: or '', trail ttl s, score, correlation id, counter fields JSON [field, n, ...]) as its
+#: last five ARGV.
 _AUDIT = """
 local function record_audit()
-  local event = ARGV[#ARGV - 3]
+  local event = ARGV[#ARGV - 4]
   if event == '' then return end
-  redis.call('RPUSH', KEYS[#KEYS - 1], event)
-  redis.call('EXPIRE', KEYS[#KEYS - 1], ARGV[#ARGV - 2])
-  redis.call('ZADD', KEYS[#KEYS], 'GT', ARGV[#ARGV - 1], ARGV[#ARGV])
+  redis.call('RPUSH', KEYS[#KEYS - 2], event)
+  redis.call('EXPIRE', KEYS[#KEYS - 2], ARGV[#ARGV - 3])
+  redis.call('ZADD', KEYS[#KEYS - 1], 'GT', ARGV[#ARGV - 2], ARGV[#ARGV - 1])
+  local counts = cjson.decode(ARGV[#ARGV])
+  for i = 1, #counts, 2 do
+    redis.call('HINCRBY', KEYS[#KEYS], counts[i], counts[i + 1])
+  end
 end
 """
 
-#: KEYS: dedup, audit trail, by-time. ARGV: job id, ttl ms or '', audit args.
+#: KEYS: dedup, audit keys. ARGV: job id, ttl ms or '', audit args.
 #: Returns the holder's job id, or false when the reservation is ours (the audit event
 #: is recorded only when this call made the reservation).
 _RESERVE = (
@@ -60,7 +66,7 @@ return false
 """
 )
 
-#: KEYS: ledger, deliveries, audit trail, by-time. ARGV: owner, lease ms, delivery ttl
+#: KEYS: ledger, deliveries, audit keys. ARGV: owner, lease ms, delivery ttl
 #: ms, audit args. Returns {status, holder, outcome, deliveries}; the audit event is
 #: recorded only on a claim.
 _CLAIM = (
@@ -108,7 +114,7 @@ if ARGV[4] == '1' and redis.call('GET', KEYS[2]) == ARGV[5] then
 end
 """
 
-#: KEYS: ledger, dedup, audit trail, by-time. ARGV: owner, outcome, keep ms, has
+#: KEYS: ledger, dedup, audit keys. ARGV: owner, outcome, keep ms, has
 #: reservation, reserved_by, audit args. Records done when the lease is still ours or the
 #: entry vanished (our lease expired but the body finished: the result stands); the audit
 #: event is recorded either way. Returns 1 when done was recorded.
@@ -370,13 +376,14 @@ class RedisStore:
 
     def _audit_parts(self, event: AuditEvent | None) -> tuple[list[str], list[Any]]:
         """The trailing KEYS and ARGV of a script that records ``event`` (or nothing)."""
-        by_time = keys.audit_by_time(self.prefix)
+        by_time, counted = keys.audit_by_time(self.prefix), keys.counts(self.prefix)
         if event is None:
-            return [by_time, by_time], ["", 1, 0, ""]
+            return [by_time, by_time, counted], ["", 1, 0, "", "[]"]
         trail = keys.audit(event.correlation_id, self.prefix)
         ttl = max(1, math.ceil(self.audit_ttl))
         data = json.dumps(event.to_dict())
-        return [trail, by_time], [data, ttl, _score(event.at), event.correlation_id]
+        moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
+        return [trail, by_time, counted], [data, ttl, _score(event.at), event.correlation_id, moved]
 
     @staticmethod
     def _reservation(reserved_by: str | None) -> list[str]:
@@ -446,7 +453,8 @@ class RedisStore:
 
     # -- audit trail --------------------------------------------------------------------
     def add_audit(self, event: AuditEvent) -> None:
-        """``RPUSH`` + ``EXPIRE`` + ``ZADD GT`` in one ``MULTI``: one round trip."""
+        """``RPUSH`` + ``EXPIRE`` + ``ZADD GT`` + ``HINCRBY`` (its counters) in one
+        ``MULTI``: one round trip."""
         trail = keys.audit(event.correlation_id, self.prefix)
         with self.client.pipeline(transaction=True) as pipe:
             pipe.rpush(trail, json.dumps(event.to_dict()))
@@ -456,6 +464,8 @@ class RedisStore:
                 {event.correlation_id: float(_score(event.at))},
                 gt=True,
             )
+            for name, amount in counts.fields(event).items():
+                pipe.hincrby(keys.counts(self.prefix), name, amount)
             pipe.execute()
 
     def audit_for(self, correlation_id: str) -> list[AuditEvent]:
@@ -463,6 +473,11 @@ class RedisStore:
         found = self.client.lrange(keys.audit(correlation_id, self.prefix), 0, -1)
         events = [AuditEvent.from_dict(json.loads(data)) for data in cast("list[str]", found)]
         return sorted(events, key=lambda event: event.at)
+
+    def counters(self) -> dict[tuple[str, str], int]:
+        """Every counter the audit events moved (one ``HGETALL``)."""
+        found = cast("dict[str, str]", self.client.hgetall(keys.counts(self.prefix)))
+        return {counts.split(name): int(value) for name, value in found.items()}
 
     def purge_audit(self, older_than: datetime) -> int:
         """Drops whole trails whose last event is before ``older_than``; counts events."""

@@ -25,6 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 
+from conventions import counts
 from conventions.records import (
     AuditEvent,
     Category,
@@ -110,6 +111,7 @@ class SQLStore:
             self.metadata, table_prefix
         )
         self.leases, self.states = _lease_tables(self.metadata, table_prefix)
+        self.counts = _counts_table(self.metadata, table_prefix)
         try:
             self.metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.DBAPIError:
@@ -343,6 +345,26 @@ class SQLStore:
                 "data": json.dumps(event.to_dict()),
             }
             conn.execute(sa.insert(self.audit).values(row))
+            self._count(conn, event)
+
+    def _count(self, conn: sa.Connection, event: AuditEvent) -> None:
+        """Move the event's counters in the caller's transaction: one multi-row upsert, rows
+        in a fixed order (two transactions lock shared counter rows in the same order)."""
+        t = self.counts
+        rows = [{"name": n, "value": v} for n, v in sorted(counts.fields(event).items())]
+        insert = (postgresql.insert if self._postgres else sqlite.insert)(t).values(rows)
+        conn.execute(
+            insert.on_conflict_do_update(
+                index_elements=[t.c.name], set_={"value": t.c.value + insert.excluded.value}
+            )
+        )
+
+    def counters(self) -> dict[tuple[str, str], int]:
+        """Every counter the audit events moved."""
+        t = self.counts
+        with self._read() as conn:
+            rows = conn.execute(sa.select(t.c.name, t.c.value)).all()
+        return {counts.split(name): int(value) for name, value in rows}
 
     def audit_for(self, correlation_id: str) -> list[AuditEvent]:
         """In event time order (insertion order among equal times)."""
@@ -511,3 +533,13 @@ def _lease_tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, sa.Table]:
         sa.Column("expires_at", UTCDateTime, nullable=True),
     )
     return leases, states
+
+
+def _counts_table(metadata: sa.MetaData, p: str) -> sa.Table:
+    """``{p}counts``: the counters the audit events move (:mod:`conventions.counts`)."""
+    return sa.Table(
+        f"{p}counts",
+        metadata,
+        sa.Column("name", sa.String, primary_key=True),  # <name>|<task>
+        sa.Column("value", sa.BigInteger, nullable=False),
+    )

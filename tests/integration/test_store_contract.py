@@ -481,6 +481,40 @@ def test_purge_audit_drops_old_trails_and_keeps_recent_ones(
     assert len(store.audit_for("new")) == 1
 
 
+# -- counters (the metrics exporter's source) ------------------------------------------------
+def test_every_recorded_audit_event_moves_its_counter_in_the_same_step(store: Store) -> None:
+    store.reserve("k-n", "job-1", 60, audit=audit_event("c-n", "published", 0))
+    store.reserve("k-n", "job-2", 60, audit=audit_event("c-n", "published", 1))  # not ours
+    store.claim("k-n", "a", LONG, "d-1", audit=audit_event("c-n", "started", 2, wait_s=0.3))
+    store.claim("k-n", "b", LONG, "d-1", audit=audit_event("c-n", "started", 3))  # held
+    store.complete("k-n", "a", "ok", 60, None, audit=audit_event("c-n", "succeeded", 4, run_s=2))
+    store.add_audit(audit_event("c-n", "dead_lettered", 5, category="bug", run_s=700.0))
+    store.add_audit(audit_event("c-n", "dead_lettered", 6, category="bug"))
+    store.add_audit(audit_event("c-n", "watchdog_alarm", 7))
+    task = "billing.charge.v1"
+    assert store.counters() == {
+        ("published", task): 1,
+        ("started", task): 1,
+        ("succeeded", task): 1,
+        ("dead_lettered:bug", task): 2,
+        ("watchdog_alarm", task): 1,
+        ("wait_seconds:0.5", task): 1,
+        ("wait_seconds:sum_ms", task): 300,
+        ("run_seconds:2.5", task): 1,
+        ("run_seconds:1800.0", task): 1,
+        ("run_seconds:sum_ms", task): 702_000,
+    }
+
+
+def test_counters_add_up_under_fifty_concurrent_writers(store: Store) -> None:
+    at_once(50, lambda i: store.add_audit(audit_event(f"c-{i}", "published", 0)))
+    assert store.counters() == {("published", "billing.charge.v1"): 50}
+
+
+def test_a_store_with_no_events_has_no_counters(store: Store) -> None:
+    assert store.counters() == {}
+
+
 # -- choosing a backend ----------------------------------------------------------------------
 def test_open_store_picks_the_backend_by_scheme(tmp_path: Path) -> None:
     sql = open_store(f"sqlite:///{tmp_path / 'open.db'}")

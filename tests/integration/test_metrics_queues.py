@@ -1,0 +1,170 @@
+"""Queue state from the broker: the oldest job's age, consumers, and the reader's cost.
+
+Real Redis, real ``celery`` worker subprocesses and a real exporter subprocess scraped
+over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from conventions import queues
+from tasks import app
+from tests.integration import support_metrics
+from tests.integration.exporter import ExporterProcess
+from tests.integration.helpers import wait_for
+
+pytestmark = pytest.mark.usefixtures("clean_store")
+
+METERED = "testing.metered.v1"
+#: how long the queue waits with no worker (the issue's scenario: about 30 s)
+STALE_FOR = 30.0
+
+
+@pytest.fixture(scope="module")
+def exporter(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExporterProcess]:
+    log = tmp_path_factory.mktemp("exporter") / "exporter.log"
+    with ExporterProcess("tests.integration.support_metrics:app", log) as process:
+        yield process
+
+
+def _empty_queues(client: redis.Redis) -> None:
+    reader = queues.from_app(app)
+    client.delete(*[key for queue in reader.queues for key in reader.lists(queue)])
+
+
+def test_with_no_worker_the_oldest_age_grows_and_a_worker_drains_it_to_zero(
+    exporter: ExporterProcess,
+    broker_redis: redis.Redis,
+    worker_process: Callable[..., Any],
+) -> None:
+    _empty_queues(broker_redis)
+    first = time.time()
+    for n in range(100):
+        support_metrics.metered.delay(item_id=f"age_{n}")
+    time.sleep(STALE_FOR)
+    scrape = exporter.scrape()
+    elapsed = time.time() - first
+    age = scrape["celery_conventions_queue_oldest_age_seconds", "email", ""]
+    assert scrape["celery_conventions_queue_depth", "email", ""] == 100
+    assert elapsed - 5 <= age <= elapsed + 1, (age, elapsed)  # about 30 s
+    assert scrape["celery_conventions_queue_consumers", "email", ""] == 0
+    assert scrape["celery_conventions_queue_oldest_age_seconds", "heavy", ""] == 0
+
+    worker_process("drain", "email", concurrency=2, include="tests.integration.support_metrics")
+
+    def drained() -> bool:
+        now = exporter.scrape()
+        return (
+            now["celery_conventions_queue_depth", "email", ""] == 0
+            and now["celery_conventions_queue_oldest_age_seconds", "email", ""] == 0
+            and now["celery_conventions_queue_consumers", "email", ""] == 1
+        )
+
+    wait_for(drained, timeout=120, every=0.5)
+    done = exporter.scrape()["celery_conventions_jobs_succeeded_total", "email", METERED]
+    assert done == 100
+
+
+def test_the_queues_view_prints_depth_age_and_consumers(
+    broker_redis: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conventions import cli
+
+    _empty_queues(broker_redis)
+    for n in range(3):
+        support_metrics.metered.delay(item_id=f"view_{n}")
+    assert cli.main(["-A", "tests.integration.support_metrics:app", "queues", "--json"]) == 0
+    rows = {row["queue"]: row for row in json.loads(capsys.readouterr().out)}
+    assert (rows["email"]["depth"], rows["email"]["consumers"]) == (3, 0)
+    assert rows["email"]["age_source"] == "header" and rows["email"]["oldest_age"] >= 0
+    assert rows["heavy"]["age_source"] == "empty"
+    assert cli.main(["-A", "tests.integration.support_metrics:app", "queues", "--watch",
+                     "--count", "2", "--interval", "0.2"]) == 0  # fmt: skip
+    frames = capsys.readouterr().out.split("QUEUE")
+    assert len(frames) == 3  # two tables
+    email = next(line for line in frames[2].splitlines() if line.startswith("email"))
+    _, depth, oldest, slo, consumers, in_rate, out_rate = email.split()
+    assert (depth, slo, consumers) == ("3", "120s", "0")  # celeryconfig's email SLO
+    assert oldest.endswith("s") and float(oldest[:-1]) >= 0
+    assert (in_rate, out_rate) == ("0.0", "0.0")  # the second frame has rates
+    _empty_queues(broker_redis)
+
+
+def test_a_message_without_our_header_reports_how_long_it_was_seen_at_the_head(
+    broker_redis: redis.Redis,
+) -> None:
+    _empty_queues(broker_redis)
+    foreign = {"body": "", "headers": {"task": "x"}, "properties": {"delivery_tag": "tag-1"}}
+    broker_redis.lpush("heavy", json.dumps(foreign))
+    reader = queues.from_app(app)
+    first = {s.queue: s for s in reader.read()}["heavy"]
+    assert (first.depth, first.oldest_age, first.age_source) == (1, None, "unknown")
+    time.sleep(1.1)
+    later = {s.queue: s for s in reader.read()}["heavy"]
+    assert later.age_source == "seen"
+    assert later.oldest_age is not None and later.oldest_age >= 1.0
+    _empty_queues(broker_redis)
+
+
+class CountingConnection(redis.Connection):
+    """Records the name of every command sent to Redis."""
+
+    sent: list[str] = []
+
+    def pack_command(self, *args: Any) -> Any:
+        self.sent.append(str(args[0]).upper())
+        return super().pack_command(*args)
+
+    def pack_commands(self, commands: Any) -> Any:
+        commands = list(commands)
+        self.sent.extend(str(command[0]).upper() for command in commands)
+        return super().pack_commands(commands)
+
+
+def _commands_of_one_read(tmp_path: Path) -> tuple[list[str], list[queues.QueueState]]:
+    pool = redis.ConnectionPool.from_url(
+        str(app.conf.broker_url), connection_class=CountingConnection
+    )
+    client = redis.Redis(connection_pool=pool)
+    try:
+        client.ping()
+        CountingConnection.sent.clear()
+        states = queues.from_app(app, client=client).read()
+        return list(CountingConnection.sent), states
+    finally:
+        client.close()
+        pool.disconnect()
+
+
+def test_reading_a_queue_of_100000_jobs_sends_as_few_commands_as_reading_one(
+    broker_redis: redis.Redis, tmp_path: Path
+) -> None:
+    _empty_queues(broker_redis)
+    support_metrics.metered.delay(item_id="cost_first")
+    few, states = _commands_of_one_read(tmp_path)
+    assert {s.queue: s.depth for s in states}["email"] == 1
+    message = broker_redis.lindex("email", -1)
+    with broker_redis.pipeline(transaction=False) as pipe:
+        for _ in range(99_999):
+            pipe.lpush("email", message)  # newer copies in front of the oldest one
+        pipe.execute()
+    started = time.perf_counter()
+    many, states = _commands_of_one_read(tmp_path)
+    took = time.perf_counter() - started
+    email = {s.queue: s for s in states}["email"]
+    assert email.depth == 100_000 and email.age_source == "header"
+    assert many == few  # the same commands, whatever the depth
+    reader = queues.from_app(app)
+    per_queue = 2 * len(reader.priority_steps)  # LLEN + LINDEX -1 per priority list
+    assert len(many) == per_queue * len(reader.queues)
+    assert set(many) == {"LLEN", "LINDEX"}  # both O(1) at index -1: nothing scans
+    print(f"one read of {email.depth} waiting jobs: {len(many)} commands, {took * 1000:.1f} ms")
+    _empty_queues(broker_redis)
