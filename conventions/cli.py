@@ -8,6 +8,8 @@
     conventions dlq purge --older-than DURATION
     conventions trace CORRELATION_ID [--json]
     conventions retention [--dead-letters 30d] [--audit 14d]
+    conventions doctor [--json] [--static] [--timeout S]
+    conventions status TASK_ID [--json]
 
 The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
 layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
@@ -26,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from conventions import cli_format as fmt
+from conventions import cli_lifecycle
 from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help=f"keep audit events this long (default {AUDIT_RETENTION.days}d)",
     )
+    cli_lifecycle.add_parsers(commands)
     return parser
 
 
@@ -282,4 +286,6 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("dlq", "purge"): _dlq_purge,
     ("trace", None): _trace,
     ("retention", None): _retention,
+    ("doctor", None): cli_lifecycle.run_doctor,
+    ("status", None): cli_lifecycle.run_status,
 }
