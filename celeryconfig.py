@@ -16,6 +16,10 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``);
 * ``CONVENTIONS_VISIBILITY_TIMEOUT``: overrides the Redis visibility timeout (seconds; tests
   shorten it to prove that a redelivered long job does not run twice).
+* ``CONVENTIONS_SHUTDOWN_GRACE``: seconds running jobs get after SIGTERM (per worker lane);
+* ``CONVENTIONS_DOCTOR_LEVELS``: ``code=level,...`` lowers (or raises) a doctor check;
+* ``REPORTS_CHUNK_ROWS``, ``REPORTS_CHUNK_PAUSE``: the daily report's chunk size and the
+  pause between chunks (seconds) that keeps it gentle on the shop database.
 """
 
 from __future__ import annotations
@@ -101,8 +105,14 @@ conventions_lease_seconds = float(_env.get("CONVENTIONS_LEASE_SECONDS", "30"))
 conventions_log_format = _env.get("CONVENTIONS_LOG_FORMAT", "text")
 #: how long a job may wait in each queue before QueueOldestJobOverSLO fires (seconds)
 conventions_queue_slo_seconds = {"email": 120.0, "heavy": 1800.0}
+conventions_shutdown_grace_seconds = float(_env.get("CONVENTIONS_SHUTDOWN_GRACE", "60"))
+conventions_doctor_levels = dict(
+    item.split("=", 1) for item in _env.get("CONVENTIONS_DOCTOR_LEVELS", "").split(",") if item
+)
 
 # -- the reference app ---------------------------------------------------------------------
 shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sqlite3'}"
 shop_smtp_url = _env.get("SMTP_URL")
+reports_chunk_rows = int(_env.get("REPORTS_CHUNK_ROWS", "1000"))
+reports_chunk_pause_seconds = float(_env.get("REPORTS_CHUNK_PAUSE", "0"))
 sentry_dsn = _env.get("SENTRY_DSN")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery, signals
 
-from conventions import alerts, retention, routing, settings, tracing
+from conventions import alerts, lifecycle, retention, routing, settings, tracing
 from conventions import job as joblib
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
@@ -70,6 +70,20 @@ def check_definition(
         raise ConfigurationError(f"{name}: time_limit must be positive seconds")
 
 
+def check_exclusive(name: str, payload: type[Payload], exclusive: str | None) -> None:
+    """An ``exclusive=`` lock template must name payload fields only."""
+    if exclusive is None:
+        return
+    fields = template_fields(exclusive) if isinstance(exclusive, str) else []
+    unknown = [f for f in fields if f not in payload.model_fields]
+    if not fields or unknown:
+        raise ConfigurationError(
+            f"{name}: exclusive lock template {exclusive!r} must name payload fields only "
+            f"(unknown: {unknown or 'none named'}); fields are {sorted(payload.model_fields)}, "
+            "e.g. exclusive='customer:{customer_id}'"
+        )
+
+
 class App(Celery):  # type: ignore[misc]
     """A Celery app with the layer's conventions."""
 
@@ -87,10 +101,16 @@ class App(Celery):  # type: ignore[misc]
         backoff: Backoff | None = None,
         errors: DecisionTable | dict[type[BaseException], str] | None = None,
         reconcile: Callable[..., Any] | None = None,
+        exclusive: str | None = None,
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
-        key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``."""
+        key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``.
+
+        ``exclusive="customer:{customer_id}"``: at most one job per lock runs at a time
+        across workers (``conventions.locks``); a delivery that finds it taken is deferred.
+        """
         check_definition(self, name, payload, key, workload, time_limit=time_limit)
+        check_exclusive(name, payload, exclusive)
         if dedup not in ("until_done", "forever", None) and not isinstance(dedup, int | float):
             raise ConfigurationError(
                 f"{name}: dedup must be 'until_done', 'forever', a TTL in seconds, or None"
@@ -116,6 +136,7 @@ class App(Celery):  # type: ignore[misc]
             "backoff": backoff or Backoff(),
             "decisions": table,
             "reconcile": staticmethod(reconcile) if reconcile else None,
+            "exclusive": exclusive,
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:
@@ -147,6 +168,7 @@ class App(Celery):  # type: ignore[misc]
                 "dedup": into.dedup,
                 "backoff": into.backoff,
                 "decisions": into.decisions,
+                "exclusive": into.exclusive,
                 "upcast": staticmethod(convert),
                 "upcast_into": into,
             }
@@ -203,13 +225,6 @@ signals.worker_process_init.connect(_after_fork)
 tracing.connect()
 
 
-def _shutting_down(**_: Any) -> None:
-    joblib.mark_stopping()
-
-
-signals.worker_shutting_down.connect(_shutting_down)
-
-
 def _app_of(sender: Any) -> Any:
     from celery import current_app
 
@@ -241,5 +256,6 @@ def _stop_retention(sender: Any = None, **_: Any) -> None:
         retention.stop(app)
 
 
+lifecycle.connect()  # the doctor at worker start, the stop flag and grace at shutdown
 signals.worker_ready.connect(_start_retention)
 signals.worker_shutdown.connect(_stop_retention)

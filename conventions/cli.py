@@ -10,6 +10,8 @@
     conventions retention [--dead-letters 30d] [--audit 14d]
     conventions metrics serve [--port 9808]       (see conventions.cli_observe)
     conventions queues [--json] [--watch]
+    conventions doctor [--json] [--static] [--timeout S]
+    conventions status TASK_ID [--json]
 
 The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
 layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
@@ -28,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from conventions import cli_format as fmt
-from conventions import cli_observe
+from conventions import cli_lifecycle, cli_observe
 from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -141,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"keep audit events this long (default {AUDIT_RETENTION.days}d)",
     )
     cli_observe.add_commands(commands)
+    cli_lifecycle.add_parsers(commands)
     return parser
 
 
@@ -288,4 +291,6 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("retention", None): _retention,
     ("metrics", None): cli_observe.metrics_command,
     ("queues", None): cli_observe.queues_command,
+    ("doctor", None): cli_lifecycle.run_doctor,
+    ("status", None): cli_lifecycle.run_status,
 }

@@ -40,6 +40,8 @@ REPLAY_OF = "cc_replay_of"
 RECONCILE = "cc_reconcile"
 #: when the first attempt failed (ISO 8601, UTC); kept across retries for the dead letter
 FIRST_FAILED_AT = "cc_first_failed_at"
+#: how often the job stopped on purpose to continue later (``ResumeLater``)
+RESUMED = "cc_resumed"
 
 ALL_HEADERS = (
     CORRELATION,
@@ -51,6 +53,7 @@ ALL_HEADERS = (
     REPLAY_OF,
     RECONCILE,
     FIRST_FAILED_AT,
+    RESUMED,
 )
 #: the headers a child job inherits from its parent's context
 INHERITED = (CORRELATION, REQUEST, ACTOR)

@@ -11,9 +11,11 @@ The tree (``tree()`` renders the live hierarchy in this format, and a test compa
     ConventionsError
     +-- JobOutcome
     |   +-- TransientError
+    |   |   `-- LockBusy
     |   +-- PermanentError
     |   +-- UncertainOutcomeError
-    |   `-- SkipJob
+    |   +-- SkipJob
+    |   `-- ResumeLater
     `-- LayerError
         +-- ConfigurationError
         +-- PayloadError
@@ -77,6 +79,28 @@ class TransientError(JobOutcome):
         self.retry_after: float | None = _seconds(retry_after)
 
 
+class LockBusy(TransientError):
+    """A lock is held by someone else: the job is retried with backoff.
+
+    Raised by ``conventions.locks.mutex`` when the lease stays taken; ``name`` is the
+    lock and ``holder`` the owner that holds it.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        name: str = "",
+        holder: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        self.name: str = name
+        self.holder: str | None = holder
+        if message is None and name:
+            message = f"lock {name!r} is held by {holder or 'someone else'}"
+        super().__init__(message, retry_after=retry_after)
+
+
 class PermanentError(JobOutcome):
     """A permanent failure: retrying cannot help, the job is dead-lettered."""
 
@@ -93,6 +117,14 @@ class SkipJob(JobOutcome):
     """The job was skipped: there is nothing to do.
 
     A skip is not a failure: nothing is retried, dead-lettered or alerted.
+    """
+
+
+class ResumeLater(JobOutcome):
+    """Stop now, continue later: the job is published again and no attempt is spent.
+
+    Raise it when ``ctx.is_stopping()`` turns true (a deploy), after saving a checkpoint:
+    the next delivery continues from that checkpoint, on this worker or another.
     """
 
 
@@ -216,9 +248,11 @@ __all__ = [
     "ConventionsError",
     "JobOutcome",
     "LayerError",
+    "LockBusy",
     "PayloadError",
     "PermanentError",
     "QueueOverCapacity",
+    "ResumeLater",
     "SkipJob",
     "TransientError",
     "UncertainOutcomeError",

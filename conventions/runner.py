@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from conventions import alerts, audit, context, deadletter, logs, queues
+from conventions import alerts, audit, context, deadletter, locks, logs, queues
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
-from conventions.errors import PayloadError
+from conventions.errors import PayloadError, ResumeLater
 from conventions.job import JobContext, keeper
 from conventions.payloads import Payload
+from conventions.progress import PROGRESS_STATE
 from conventions.records import AuditEvent, Category, ClaimStatus, utcnow
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class Delivery:
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)
     #: when the body started (monotonic): the outcome events carry its run time
     ran_from: float | None = None
+    #: the ``exclusive=`` lock this delivery holds, if any
+    lock: str | None = None
 
     @property
     def body(self) -> ConventionTask:
@@ -117,10 +120,34 @@ class Delivery:
         return payload
 
     def execute(self, payload: Payload, trace: Trace) -> Any:
+        """Take the job's ``exclusive=`` lock (else defer), then claim, run, record."""
+        self.take_lock(payload)
+        try:
+            return self.claim_and_run(payload, trace)
+        finally:
+            if self.lock is not None:
+                locks.give_back(self.task.store, self.lock, self.owner)
+
+    def take_lock(self, payload: Payload) -> None:
+        """Before the ledger claim, so that waiting for the lock spends no delivery."""
+        name = locks.exclusive_name(self.body.exclusive, payload)
+        if name is None:
+            return
+        try:
+            holder = locks.take(self.task.store, name, self.owner, self.task.settings.lease)
+        except Exception as exc:
+            self.defer(f"the store is unavailable ({type(exc).__qualname__})", store_down=True)
+        if holder is not None:
+            self.defer(f"exclusive lock {name} held by a live run")
+        self.lock = name
+
+    def claim_and_run(self, payload: Payload, trace: Trace) -> Any:
         """Claim the key, run the body, record the outcome."""
         task, request, key = self.task, self.request, str(self.key)
         store, settings = task.store, task.settings
         delivery_id = f"{request.id}:{request.retries or 0}"
+        if self.headers.get(context.RESUMED):  # a resume is no crash: count it apart
+            delivery_id += f":r{self.headers[context.RESUMED]}"
         # one round trip each for claim and complete, their audit events included
         try:
             claim = store.claim(
@@ -146,11 +173,18 @@ class Delivery:
             trace=trace,
             reconcile_first=bool(self.headers.get(context.RECONCILE)),
             replay_of=self.headers.get(context.REPLAY_OF),
+            store=store,
+            publish_progress=self.publish_progress,
+            checkpoint_keep=settings.ledger_keep,
         )
         keeper.hold(store, key, self.owner, settings.lease)
         self.ran_from = time.monotonic()
         try:
             result = self.call_body(payload, ctx)
+        except ResumeLater as exc:
+            keeper.drop(key, self.owner)
+            store.release(key, self.owner, None)
+            self.resume_later(exc)
         except (Retry, Ignore, Reject):
             keeper.drop(key, self.owner)
             store.release(key, self.owner, None)
@@ -164,7 +198,18 @@ class Delivery:
             key, self.owner, "succeeded", settings.ledger_keep, reserved_by,
             audit=self.event("succeeded"),
         )  # fmt: skip
+        ctx.finish()
         return result
+
+    def publish_progress(self, document: dict[str, Any]) -> None:
+        """Progress into the result backend, where Flower and ``AsyncResult`` see it."""
+        self.task.update_state(task_id=self.request.id, state=PROGRESS_STATE, meta=document)
+
+    def resume_later(self, exc: ResumeLater) -> NoReturn:
+        """The body stopped at a clean point (a deploy): publish it again, no attempt
+        spent; the next delivery continues from its checkpoint."""
+        self.headers[context.RESUMED] = int(self.headers.get(context.RESUMED) or 0) + 1
+        self.defer(f"resume later: {exc}")
 
     def call_body(self, payload: Payload, ctx: JobContext) -> Any:
         body = self.body

@@ -55,6 +55,7 @@ __all__ = [
     "Base",
     "Customer",
     "DailyReport",
+    "DailyReportChunk",
     "Order",
     "PaymentEvent",
     "SentEmail",
@@ -183,6 +184,25 @@ class DailyReport(Base):
     revenue_minor: Mapped[int] = mapped_column(Integer)
     rows_counted: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class DailyReportChunk(Base):
+    """One chunk of a day's report: the orders with ids in ``[first_id, last_id]``.
+
+    Written in the same transaction as nothing else and keyed by its first id, so that a
+    chunk counted again after a crash (before its checkpoint was saved) overwrites its
+    own row: every order is counted exactly once. ``passes`` counts how often the chunk
+    was computed (1 unless a crash repeated it).
+    """
+
+    __tablename__ = "daily_report_chunks"
+
+    business_date: Mapped[date] = mapped_column(Date, primary_key=True)
+    first_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    last_id: Mapped[str] = mapped_column(String(32))
+    orders: Mapped[int] = mapped_column(Integer)
+    revenue_minor: Mapped[int] = mapped_column(Integer)
+    passes: Mapped[int] = mapped_column(Integer, default=1)
 
 
 class SentEmail(Base):
@@ -327,6 +347,8 @@ def seed(
     orders: int = 10,
     events_per_order: int = 1,
     business_date: date | None = None,
+    *,
+    first: int = 1,
 ) -> None:
     """Add the demo shop's rows: deterministic ids and amounts, idempotent.
 
@@ -334,13 +356,17 @@ def seed(
     (order *n* belongs to customer ``((n - 1) % customers) + 1``, created on
     ``business_date`` in UTC, today by default); ``events_per_order`` unapplied payment
     events per order, ``evt_0001``.. in order, whose amounts add up to the order's.
+    ``first`` numbers the orders from another start (``first=100_001``: ``ord_100001``..),
+    so that a second day does not collide with the first one's ids.
 
     Rows already there (by id) are left untouched, so seeding twice adds nothing and
     seeding again with more ``orders`` adds only the new ones. Concurrent seeders do not
     collide (``INSERT .. ON CONFLICT DO NOTHING``). Does not commit: the caller does.
     """
-    if customers < 1 or orders < 0 or events_per_order < 1:
-        raise ValueError("seed needs customers >= 1, orders >= 0 and events_per_order >= 1")
+    if customers < 1 or orders < 0 or events_per_order < 1 or first < 1:
+        raise ValueError(
+            "seed needs customers >= 1, orders >= 0, events_per_order >= 1 and first >= 1"
+        )
     day = business_date if business_date is not None else utcnow().date()
     opening = datetime.combine(day, time(0, 0), tzinfo=UTC)
 
@@ -354,7 +380,7 @@ def seed(
     ]
     order_rows: list[dict[str, Any]] = []
     event_rows: list[dict[str, Any]] = []
-    for number in range(1, orders + 1):
+    for number in range(first, first + orders):
         amount = _order_amount_minor(number)
         # spread over the business day, never past its end
         created_at = opening + timedelta(seconds=(number * 97) % 86_400)
@@ -459,6 +485,7 @@ def _parser() -> argparse.ArgumentParser:
     seed_cmd.add_argument("--customers", type=int, default=3)
     seed_cmd.add_argument("--orders", type=int, default=10)
     seed_cmd.add_argument("--events-per-order", type=int, default=1)
+    seed_cmd.add_argument("--first", type=int, default=1, help="number of the first order")
     seed_cmd.add_argument(
         "--date", type=_parse_date, default=None, help="business date, YYYY-MM-DD (default: today)"
     )
@@ -484,6 +511,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                     orders=args.orders,
                     events_per_order=args.events_per_order,
                     business_date=args.date,
+                    first=args.first,
                 )
         with session_factory(engine)() as session:
             counts = ", ".join(

@@ -1,0 +1,156 @@
+"""The doctor's static checks, over apps built here (no broker, no Redis server)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from kombu import Exchange, Queue
+
+from conventions import App, Backoff, JobContext, Payload
+from conventions.doctor import ERROR, WARNING, Finding, static_checks
+from conventions.routing import WorkloadRouter
+
+
+class Ids(Payload):
+    order_id: str
+
+
+def _app(**conf: Any) -> App:
+    workloads = conf.pop("workloads", {"email": "email", "heavy": "heavy"})
+    app = App("doctor_test", set_as_current=False)
+    app.conf.update(
+        broker_url="redis://localhost:6379/0",
+        broker_transport_options={"visibility_timeout": 3600},
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_create_missing_queues=False,
+        task_queues=tuple(Queue(q, Exchange(q), routing_key=q) for q in ("email", "heavy")),
+        task_routes=(WorkloadRouter(workloads),),
+        task_default_queue="email",
+        conventions_workloads=workloads,
+        task_time_limit=300,
+    )
+    app.conf.update(conf)
+    return app
+
+
+_NUMBERS = itertools.count(1)
+_LAST = [""]
+#: what the configuration-wide findings are about
+CONFIG_SUBJECTS = ("serializers", "conventions_max_countdown", "task_create_missing_queues")
+
+
+def _job(app: App, workload: str = "email", **options: Any) -> str:
+    """Declare a job (Celery shares task names across apps: each gets its own name)."""
+    name = f"shop.remind_{next(_NUMBERS)}.v1"
+    _LAST[0] = name
+
+    def body(payload: Ids, ctx: JobContext) -> None: ...
+
+    app.job(name, payload=Ids, key="remind:{order_id}", workload=workload, **options)(body)
+    return name
+
+
+def _codes(findings: list[Finding], level: str = ERROR) -> set[tuple[str, str]]:
+    """(code, subject) of the findings at ``level``, about this test's own job or the
+    configuration (Celery shares tasks between apps: other tests' jobs are left out)."""
+    return {
+        (f.code, f.subject)
+        for f in findings
+        if f.level == level and f.subject in (_LAST[0], "legacy.task", *CONFIG_SUBJECTS)
+    }
+
+
+def test_a_sound_app_has_no_findings() -> None:
+    app = _app()
+    _job(app)
+    findings = static_checks(app, server=False)
+    assert _codes(findings) == _codes(findings, WARNING) == set()
+
+
+def test_a_workload_routed_to_an_undeclared_queue_is_an_error_that_names_the_fix() -> None:
+    app = _app(workloads={"email": "email", "batch": "bacth"})
+    name = _job(app, workload="batch")
+    findings = static_checks(app, server=False)
+    assert _codes(findings) == {("route-undeclared-queue", name)}
+    (finding,) = [f for f in findings if f.subject == name]
+    assert "'bacth'" in finding.message and "task_queues" in finding.message
+
+
+def test_a_retry_cap_beyond_the_visibility_timeout_is_refused_with_the_fix() -> None:
+    app = _app()
+    name = _job(app, backoff=Backoff(cap=7200))
+    findings = static_checks(app, server=False)
+    assert ("countdown-beyond-visibility", name) in _codes(findings)
+    (message,) = [f.message for f in findings if f.subject == name]
+    assert "lower the cap below 3540s" in message
+    assert "visibility_timeout" in message
+
+
+def test_a_retry_cap_between_the_safe_countdown_and_the_visibility_timeout_is_a_warning() -> None:
+    app = _app()
+    name = _job(app, backoff=Backoff(cap=3580))
+    assert _codes(static_checks(app, server=False), WARNING) == {("retry-cap-clamped", name)}
+
+
+def test_a_time_limit_beyond_the_visibility_timeout_is_an_error() -> None:
+    app = _app(broker_transport_options={"visibility_timeout": 600})
+    name = _job(app, time_limit=1800)
+    assert ("time-limit-beyond-visibility", name) in _codes(static_checks(app, server=False))
+
+
+def test_a_time_limit_beyond_rabbitmqs_consumer_timeout_is_an_error() -> None:
+    app = _app(broker_url="amqp://guest@localhost//")
+    name = _job(app, time_limit=3600)
+    assert _codes(static_checks(app, server=False)) == {
+        ("time-limit-beyond-consumer-timeout", name)
+    }
+
+
+def test_late_acks_without_reject_on_worker_lost_and_no_time_limit_are_found() -> None:
+    app = _app(task_time_limit=None)
+
+    @app.task(name="legacy.task", acks_late=True, reject_on_worker_lost=False, shared=False)
+    def legacy() -> None: ...
+
+    findings = static_checks(app, server=False)
+    assert ("acks-late-without-reject", "legacy.task") in _codes(findings)
+    assert ("no-time-limit", "legacy.task") in _codes(findings, WARNING)
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"accept_content": ["json", "pickle"]},
+        {"task_serializer": "pickle"},
+        {"result_accept_content": ["application/x-python-serialize"]},
+    ],
+)
+def test_pickle_anywhere_is_an_error(conf: dict[str, Any]) -> None:
+    app = _app(**conf)
+    assert ("pickle-accepted", "serializers") in _codes(static_checks(app, server=False))
+
+
+def test_an_explicit_max_countdown_at_or_beyond_the_visibility_timeout_is_an_error() -> None:
+    app = _app(conventions_max_countdown=3600)
+    assert ("countdown-beyond-visibility", "conventions_max_countdown") in _codes(
+        static_checks(app, server=False)
+    )
+
+
+def test_the_levels_setting_lowers_or_silences_a_check() -> None:
+    app = _app(
+        accept_content=["pickle"],
+        broker_transport_options={"visibility_timeout": 120},
+        conventions_doctor_levels={
+            "pickle-accepted": "warning",
+            "time-limit-beyond-visibility": "off",
+        },
+    )
+    _job(app, backoff=Backoff(cap=30))
+    findings = static_checks(app, server=False)
+    assert _codes(findings) == set()
+    assert _codes(findings, WARNING) == {("pickle-accepted", "serializers")}
