@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery, signals
 
-from conventions import alerts, retention, routing, settings
+from conventions import alerts, limits, retention, routing, settings
 from conventions import job as joblib
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
@@ -87,6 +87,7 @@ class App(Celery):  # type: ignore[misc]
         backoff: Backoff | None = None,
         errors: DecisionTable | dict[type[BaseException], str] | None = None,
         reconcile: Callable[..., Any] | None = None,
+        uses: tuple[str, ...] = (),
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``."""
@@ -101,6 +102,7 @@ class App(Celery):  # type: ignore[misc]
         elif errors:
             table = DEFAULT_TABLE.extend(errors)
         conf = settings.read(self.conf)
+        limits.check_uses(name, tuple(uses), conf.limits)
         hard = float(
             time_limit or conf.workload_time_limits.get(workload) or conf.default_time_limit
         )
@@ -116,6 +118,7 @@ class App(Celery):  # type: ignore[misc]
             "backoff": backoff or Backoff(),
             "decisions": table,
             "reconcile": staticmethod(reconcile) if reconcile else None,
+            "uses": tuple(uses),
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:

@@ -38,6 +38,8 @@ REPLAY_OF = "cc_replay_of"
 RECONCILE = "cc_reconcile"
 #: when the first attempt failed (ISO 8601, UTC); kept across retries for the dead letter
 FIRST_FAILED_AT = "cc_first_failed_at"
+#: the dependency limiter's state across deferrals: places booked in line, slot waits
+LIMITS = "cc_limits"
 
 ALL_HEADERS = (
     CORRELATION,
@@ -49,6 +51,7 @@ ALL_HEADERS = (
     REPLAY_OF,
     RECONCILE,
     FIRST_FAILED_AT,
+    LIMITS,
 )
 #: the headers a child job inherits from its parent's context
 INHERITED = (CORRELATION, REQUEST, ACTOR)

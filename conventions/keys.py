@@ -18,6 +18,7 @@ Layout (``{p}`` is the prefix)::
     {p}audit:by-time            zset    correlation id -> time of its last event
     {p}lease:{name}             string  owner of a named lease (PX ttl)
     {p}state:{name}             string  a small JSON document (PX ttl or none)
+    {p}bucket:{name}            hash    tat, use, paused: a token bucket (PX until idle)
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
@@ -57,6 +58,8 @@ AUDIT_BY_TIME: Final = "audit:by-time"
 LEASE: Final = "lease:"
 #: a small JSON state document (checkpoint, progress, schedule run)
 STATE: Final = "state:"
+#: a token bucket of a dependency rate limit (hash: tat, use, paused)
+BUCKET: Final = "bucket:"
 
 
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -130,3 +133,8 @@ def lease(name: str, prefix: str = DEFAULT_PREFIX) -> str:
 def state(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The key of the state document ``name``."""
     return f"{prefix}{STATE}{name}"
+
+
+def bucket(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of the token bucket ``name``."""
+    return f"{prefix}{BUCKET}{name}"

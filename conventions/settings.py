@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from conventions import limits
+from conventions.limits import Limit
 from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
 
 #: seconds a ledger lease lasts before another execution may take the key over
@@ -48,6 +50,8 @@ class Settings:
     audit_retention: float
     #: seconds between two purges of a worker
     retention_interval: float
+    #: named dependency limits (``conventions_limits``), shared by every worker
+    limits: dict[str, Limit] = field(default_factory=dict)
 
 
 def _broker_url(conf: Any) -> str:
@@ -90,6 +94,7 @@ def read(conf: Any) -> Settings:
         retention_interval=_seconds(
             conf, "conventions_retention_interval_seconds", RETENTION_INTERVAL
         ),
+        limits=limits.parse(conf.get("conventions_limits")),
     )
 
 

@@ -69,6 +69,8 @@ class ConventionTask(Task):  # type: ignore[misc]
     #: for an upcaster: turns this task's payload into ``upcast_into``'s payload
     upcast: ClassVar[Callable[[Any], Payload] | None] = None
     upcast_into: ClassVar[ConventionTask | None] = None
+    #: the dependencies (``conventions_limits`` names) whose limits the body runs under
+    uses: ClassVar[tuple[str, ...]] = ()
 
     # -- helpers ---------------------------------------------------------------------
     @property
