@@ -4,6 +4,7 @@ backend: the contract suite's own Redis prefix, PostgreSQL tables and SQLite fil
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from conventions.store import Store
@@ -29,7 +30,7 @@ def test_a_fresh_bucket_gives_its_burst_at_once_then_asks_to_wait(store: Store) 
 def test_waiting_callers_book_places_in_line_one_interval_apart(store: Store) -> None:
     assert store.take_token("smtp", INTERVAL, 1, LONG, False) == 0.0
     booked = [store.take_token("smtp", INTERVAL, 1, LONG, False) for _ in range(3)]
-    gaps = [later - earlier for earlier, later in zip(booked, booked[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(booked)]
     assert booked[0] > 0.1
     assert all(abs(gap - INTERVAL) < 0.05 for gap in gaps)
 

@@ -1,0 +1,131 @@
+"""Test-only jobs under dependency limits, and a loopback provider that counts calls.
+
+Imported by the capacity tests and by their worker subprocesses (``-I``). The provider
+runs in the test process; workers find it through ``CAPACITY_PROVIDER_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from conventions import Backoff, Id, JobContext, Payload
+from tasks import app
+
+#: the test dependencies, declared like a project declares its own in celeryconfig.py
+LIMITS: dict[str, Any] = {
+    "testing_rate": "5/s",
+    "testing_cap": {"concurrency": 2, "lease": 3},
+}
+app.conf.update(conventions_limits={**(app.conf.get("conventions_limits") or {}), **LIMITS})
+app.__dict__.pop("conventions_settings", None)  # read again with the test limits
+
+FAST = Backoff(base=0.2, cap=2.0, max_attempts=5)
+
+
+class Call(Payload):
+    call_id: Id
+
+
+def _get(path: str) -> int:
+    url = f"{os.environ['CAPACITY_PROVIDER_URL']}/{path}"
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return int(response.status)
+
+
+@app.job(
+    "testing.rated_call.v1", payload=Call, key="rated:{call_id}", workload="email",
+    backoff=FAST, uses=("testing_rate",),
+)  # fmt: skip
+def rated_call(payload: Call, ctx: JobContext) -> int:
+    return _get(f"rate/{payload.call_id}")
+
+
+@app.job(
+    "testing.capped_call.v1", payload=Call, key="capped:{call_id}", workload="email",
+    backoff=FAST, uses=("testing_cap",),
+)  # fmt: skip
+def capped_call(payload: Call, ctx: JobContext) -> int:
+    return _get(f"cap/{payload.call_id}")
+
+
+@app.job(
+    "testing.capped_hold.v1", payload=Call, key="hold:{call_id}", workload="heavy",
+    backoff=FAST, uses=("testing_cap",),
+)  # fmt: skip
+def capped_hold(payload: Call, ctx: JobContext) -> int:
+    return _get(f"hold/{payload.call_id}")
+
+
+@app.job("testing.quick.v1", payload=Call, key="quick:{call_id}", workload="heavy")
+def quick(payload: Call, ctx: JobContext) -> str:
+    return payload.call_id
+
+
+class Provider(ThreadingHTTPServer):
+    """``/rate/<id>`` answers at once, under a quota: 429 beyond ``quota`` calls in the
+    trailing second. ``/cap/<id>`` takes ``cap_seconds``; ``/hold/<id>`` until released.
+    Records every call's arrival and the most calls seen in flight at once."""
+
+    daemon_threads = True
+
+    def __init__(self, port: int, quota: int) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.quota = quota
+        self.cap_seconds = 0.3
+        self.lock = threading.Lock()
+        self.arrivals: list[float] = []
+        self.statuses: list[int] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def most_in_any_second(self) -> int:
+        """The most calls whose arrivals fall in one window of one second."""
+        times, most, start = sorted(self.arrivals), 0, 0
+        for end, moment in enumerate(times):
+            while moment - times[start] >= 1.0:
+                start += 1
+            most = max(most, end - start + 1)
+        return most
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Provider
+
+    def do_GET(self) -> None:
+        kind = self.path.strip("/").split("/")[0]
+        server, now = self.server, time.monotonic()
+        with server.lock:
+            recent = [t for t in server.arrivals if now - t < 1.0]
+            status = 429 if kind == "rate" and len(recent) >= server.quota else 200
+            server.arrivals.append(now)
+            server.statuses.append(status)
+            server.in_flight += 1
+            server.most_in_flight = max(server.most_in_flight, server.in_flight)
+        try:
+            if kind == "cap":
+                time.sleep(server.cap_seconds)
+            elif kind == "hold":
+                server.held.set()
+                server.release.wait(60)
+            self.send_response(status)
+            if status == 429:
+                self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        finally:
+            with server.lock:
+                server.in_flight -= 1
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
