@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery, signals
 
-from conventions import alerts, limits, retention, routing, settings
+from conventions import alerts, backpressure, limits, retention, routing, settings
 from conventions import job as joblib
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
@@ -88,6 +88,7 @@ class App(Celery):  # type: ignore[misc]
         errors: DecisionTable | dict[type[BaseException], str] | None = None,
         reconcile: Callable[..., Any] | None = None,
         uses: tuple[str, ...] = (),
+        overflow: str = "raise",
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``."""
@@ -103,6 +104,8 @@ class App(Celery):  # type: ignore[misc]
             table = DEFAULT_TABLE.extend(errors)
         conf = settings.read(self.conf)
         limits.check_uses(name, tuple(uses), conf.limits)
+        if overflow not in backpressure.POLICIES:
+            raise ConfigurationError(f"{name}: overflow must be 'raise' or 'shed'")
         hard = float(
             time_limit or conf.workload_time_limits.get(workload) or conf.default_time_limit
         )
@@ -119,6 +122,7 @@ class App(Celery):  # type: ignore[misc]
             "decisions": table,
             "reconcile": staticmethod(reconcile) if reconcile else None,
             "uses": tuple(uses),
+            "overflow": overflow,
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:

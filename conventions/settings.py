@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from conventions import limits
+from conventions import backpressure, limits
+from conventions.backpressure import Bound
 from conventions.limits import Limit
 from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
 
@@ -52,6 +53,8 @@ class Settings:
     retention_interval: float
     #: named dependency limits (``conventions_limits``), shared by every worker
     limits: dict[str, Limit] = field(default_factory=dict)
+    #: per-queue bounds on depth or oldest age (``conventions_backpressure``); off if empty
+    backpressure: dict[str, Bound] = field(default_factory=dict)
 
 
 def _broker_url(conf: Any) -> str:
@@ -95,6 +98,7 @@ def read(conf: Any) -> Settings:
             conf, "conventions_retention_interval_seconds", RETENTION_INTERVAL
         ),
         limits=limits.parse(conf.get("conventions_limits")),
+        backpressure=backpressure.parse(conf.get("conventions_backpressure")),
     )
 
 

@@ -129,3 +129,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+@app.job(
+    "testing.quick_shed.v1", payload=Call, key="shed:{call_id}", workload="heavy",
+    overflow="shed",
+)  # fmt: skip
+def quick_shed(payload: Call, ctx: JobContext) -> str:
+    return payload.call_id
