@@ -11,9 +11,10 @@ import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
-from conventions import Backoff, Id, JobContext, Payload
+from conventions import Backoff, Id, JobContext, Payload, TransientError
+from conventions.store import RedisStore
 from tasks import app
 
 #: the test dependencies, declared like a project declares its own in celeryconfig.py
@@ -137,3 +138,53 @@ class _Handler(BaseHTTPRequestHandler):
 )  # fmt: skip
 def quick_shed(payload: Call, ctx: JobContext) -> str:
     return payload.call_id
+
+
+# -- fan-out: one parent, one child per tenant --------------------------------------------
+
+
+class InvoiceRun(Payload):
+    batch: Id
+    tenants: int
+
+
+class TenantInvoice(Payload):
+    batch: Id
+    tenant: Id
+
+
+def _runs(batch: str) -> str:
+    return f"testing:fanout-runs:{batch}"
+
+
+@app.job("testing.fan_out.v1", payload=InvoiceRun, key="fan-out:{batch}", workload="email")
+def fan_out(payload: InvoiceRun, ctx: JobContext) -> int:
+    """Publish one child per tenant, each with its own key, and finish at once: a child
+    that fails is retried alone, and the parent run again publishes no duplicate."""
+    for n in range(payload.tenants):
+        invoice_tenant.delay(batch=payload.batch, tenant=f"t{n:02d}")
+    _count(_runs(payload.batch), "parent")
+    return payload.tenants
+
+
+@app.job(
+    "testing.invoice_tenant.v1", payload=TenantInvoice, key="invoice:{batch}:{tenant}",
+    workload="email", backoff=FAST,
+)  # fmt: skip
+def invoice_tenant(payload: TenantInvoice, ctx: JobContext) -> str:
+    """Fails its first attempt for the tenants the test lists in a state document."""
+    _count(_runs(payload.batch), payload.tenant)
+    failing = app.store.get_state(f"testing:failing:{payload.batch}") or {}
+    if ctx.attempt == 1 and payload.tenant in failing.get("tenants", []):
+        raise TransientError(f"tenant {payload.tenant}: provider hiccup")
+    return payload.tenant
+
+
+def _count(key: str, field: str) -> None:
+    cast(RedisStore, app.store).client.hincrby(key, field, 1)
+
+
+def runs_of(batch: str) -> dict[str, int]:
+    """How many times each tenant's body (and the parent, ``parent``) ran."""
+    found = cast(RedisStore, app.store).client.hgetall(_runs(batch))
+    return {field: int(count) for field, count in found.items()}
