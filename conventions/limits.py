@@ -222,13 +222,24 @@ def _take_slots(
 
 
 def _tighten(store: Store, limits: list[Limit], exc: BaseException) -> None:
-    """A 429 from the body (seen through Celery's ``Retry``) pauses every bucket the task
-    uses, for the Retry-After or one interval (one second without a rate)."""
-    original = getattr(exc, "exc", None) or exc
-    if not isinstance(original, BaseException) or decisions.http_status(original) != 429:
+    """A 429 from the body pauses every bucket the task uses, for the Retry-After or one
+    interval (one second without a rate). The body's exception is found in the chain of
+    what reached here (Celery's ``Retry`` keeps only a pickle-safe copy of it)."""
+    original = _http_429(exc)
+    if original is None:
         return
     after = decisions.parse_retry_after(decisions.retry_after_header(original))
     for limit in limits:
         seconds = after if after is not None else (limit.interval or 1.0)
         with contextlib.suppress(Exception):
             pause(store, limit, seconds)
+
+
+def _http_429(exc: BaseException | None) -> BaseException | None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if decisions.http_status(exc) == 429:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -13,7 +13,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
-from conventions import Backoff, Id, JobContext, Payload, TransientError
+from conventions import Backoff, Id, JobContext, Payload, TransientError, runs
 from conventions.store import RedisStore
 from tasks import app
 
@@ -83,6 +83,9 @@ class Provider(ThreadingHTTPServer):
         self.statuses: list[int] = []
         self.in_flight = 0
         self.most_in_flight = 0
+        #: answer this many next ``/rate`` calls with 429 and ``Retry-After: retry_after``
+        self.refuse_next = 0
+        self.retry_after = 1
         self.held = threading.Event()
         self.release = threading.Event()
 
@@ -109,6 +112,9 @@ class _Handler(BaseHTTPRequestHandler):
         with server.lock:
             recent = [t for t in server.arrivals if now - t < 1.0]
             status = 429 if kind == "rate" and len(recent) >= server.quota else 200
+            if kind == "rate" and server.refuse_next > 0:
+                server.refuse_next -= 1
+                status = 429
             server.arrivals.append(now)
             server.statuses.append(status)
             server.in_flight += 1
@@ -121,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
                 server.release.wait(60)
             self.send_response(status)
             if status == 429:
-                self.send_header("Retry-After", "1")
+                self.send_header("Retry-After", str(server.retry_after))
             self.send_header("Content-Length", "0")
             self.end_headers()
         finally:
@@ -188,3 +194,24 @@ def runs_of(batch: str) -> dict[str, int]:
     """How many times each tenant's body (and the parent, ``parent``) ran."""
     found = cast(RedisStore, app.store).client.hgetall(_runs(batch))
     return {field: int(count) for field, count in found.items()}
+
+
+# -- trigger-and-poll ---------------------------------------------------------------------
+
+
+class Export(Payload):
+    export_id: Id
+
+
+@app.job("testing.export.v1", payload=Export, key="export:{export_id}", workload="email")
+def export(payload: Export, ctx: JobContext) -> dict[str, int]:
+    """Writes its progress, and waits for the test's go between steps."""
+    store = app.store
+    for done in range(1, 4):
+        store.put_state(runs.progress_name(ctx.task_id), {"done": done, "total": 3}, 600)
+        deadline = time.monotonic() + 20
+        while not store.get_state(f"testing:go:{payload.export_id}:{done}"):
+            if time.monotonic() > deadline:
+                raise TransientError("the test never said go")
+            time.sleep(0.05)
+    return {"rows": 3}
