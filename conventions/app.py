@@ -16,7 +16,16 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery, signals
 
-from conventions import alerts, lifecycle, retention, routing, settings, tracing
+from conventions import (
+    alerts,
+    backpressure,
+    lifecycle,
+    limits,
+    retention,
+    routing,
+    settings,
+    tracing,
+)
 from conventions import job as joblib
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
@@ -102,6 +111,8 @@ class App(Celery):  # type: ignore[misc]
         errors: DecisionTable | dict[type[BaseException], str] | None = None,
         reconcile: Callable[..., Any] | None = None,
         exclusive: str | None = None,
+        uses: tuple[str, ...] = (),
+        overflow: str = "raise",
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``.
@@ -121,6 +132,9 @@ class App(Celery):  # type: ignore[misc]
         elif errors:
             table = DEFAULT_TABLE.extend(errors)
         conf = settings.read(self.conf)
+        limits.check_uses(name, tuple(uses), conf.limits)
+        if overflow not in backpressure.POLICIES:
+            raise ConfigurationError(f"{name}: overflow must be 'raise' or 'shed'")
         hard = float(
             time_limit or conf.workload_time_limits.get(workload) or conf.default_time_limit
         )
@@ -137,6 +151,8 @@ class App(Celery):  # type: ignore[misc]
             "decisions": table,
             "reconcile": staticmethod(reconcile) if reconcile else None,
             "exclusive": exclusive,
+            "uses": tuple(uses),
+            "overflow": overflow,
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:

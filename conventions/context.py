@@ -42,6 +42,8 @@ RECONCILE = "cc_reconcile"
 FIRST_FAILED_AT = "cc_first_failed_at"
 #: how often the job stopped on purpose to continue later (``ResumeLater``)
 RESUMED = "cc_resumed"
+#: the dependency limiter's state across deferrals: places booked in line, slot waits
+LIMITS = "cc_limits"
 
 ALL_HEADERS = (
     CORRELATION,
@@ -54,6 +56,7 @@ ALL_HEADERS = (
     RECONCILE,
     FIRST_FAILED_AT,
     RESUMED,
+    LIMITS,
 )
 #: the headers a child job inherits from its parent's context
 INHERITED = (CORRELATION, REQUEST, ACTOR)

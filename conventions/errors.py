@@ -184,8 +184,8 @@ class PayloadError(LayerError, ValueError):
 class QueueOverCapacity(LayerError):
     """The queue is over capacity: the publish was refused.
 
-    Backpressure refuses a publish rather than let a queue grow without bound.
-    (Placeholder: the capacity check itself lands with the backpressure work.)
+    Backpressure (``conventions_backpressure``) refuses a publish rather than let a
+    queue grow without bound; nothing was published. ``queue`` names the queue.
     """
 
     def __init__(self, message: str | None = None, *, queue: str = "") -> None:

@@ -19,6 +19,7 @@ Layout (``{p}`` is the prefix)::
     {p}lease:{name}             string  owner of a named lease (PX ttl)
     {p}state:{name}             string  a small JSON document (PX ttl or none)
     {p}counts                   hash    <name>|<task> -> count (conventions.counts)
+    {p}bucket:{name}            hash    tat, use, paused: a token bucket (PX until idle)
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
@@ -60,6 +61,8 @@ LEASE: Final = "lease:"
 STATE: Final = "state:"
 #: the counters every audit event moves, for the metrics exporter (one hash)
 COUNTS: Final = "counts"
+#: a token bucket of a dependency rate limit (hash: tat, use, paused)
+BUCKET: Final = "bucket:"
 
 
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -138,3 +141,8 @@ def lease(name: str, prefix: str = DEFAULT_PREFIX) -> str:
 def state(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The key of the state document ``name``."""
     return f"{prefix}{STATE}{name}"
+
+
+def bucket(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of the token bucket ``name``."""
+    return f"{prefix}{BUCKET}{name}"

@@ -104,7 +104,7 @@ class AuditEvent:
 
     ``event`` is one of ``published``, ``deduplicated``, ``started``, ``retried``,
     ``deferred``, ``succeeded``, ``skipped_duplicate``, ``dead_lettered``, ``replayed``,
-    ``quarantined``.
+    ``quarantined``, and from backpressure ``shed`` and ``refused``.
     """
 
     event: str

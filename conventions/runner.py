@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from conventions import alerts, audit, context, deadletter, locks, logs, queues
+from conventions import alerts, audit, context, deadletter, limits, locks, logs, queues
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
@@ -45,7 +45,8 @@ def run(task: ConventionTask, request: Any, trace: Trace, args: Any, kwargs: Any
     headers[context.CORRELATION] = trace.correlation_id
     delivery = Delivery(task, request, headers, dict(kwargs or {}))
     payload = delivery.validate(args)
-    return delivery.execute(payload, trace)
+    with limits.admitted(delivery):  # dependency tokens and slots, before the claim
+        return delivery.execute(payload, trace)
 
 
 @dataclass
@@ -217,13 +218,17 @@ class Delivery:
             return None  # the provider says the effect already happened
         return body.run(payload, ctx)
 
-    def defer(self, reason: str, *, store_down: bool = False) -> NoReturn:
+    def defer(
+        self, reason: str, *, store_down: bool = False, countdown: float | None = None
+    ) -> NoReturn:
         """Publish this delivery again for later, spend no attempt, and ack this copy:
         the key is held by a live run (never run twice at once), or the store cannot be
-        reached (never dropped). If even the publish fails, the message goes back to the
-        broker unacked."""
+        reached (never dropped), or a dependency limit says when to come back
+        (``countdown``). If even the publish fails, the message goes back to the broker
+        unacked."""
         lease = self.task.settings.lease
-        countdown = lease / 2 + random.uniform(0, lease / 2)
+        if countdown is None:
+            countdown = lease / 2 + random.uniform(0, lease / 2)
         try:
             self.task.apply_async(
                 (), self.kwargs, task_id=self.request.id, headers=self.headers,

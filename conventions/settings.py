@@ -6,10 +6,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from conventions import backpressure, limits
+from conventions.backpressure import Bound
+from conventions.limits import Limit
 from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
 
 #: seconds a ledger lease lasts before another execution may take the key over
@@ -48,6 +51,10 @@ class Settings:
     audit_retention: float
     #: seconds between two purges of a worker
     retention_interval: float
+    #: named dependency limits (``conventions_limits``), shared by every worker
+    limits: dict[str, Limit] = field(default_factory=dict)
+    #: per-queue bounds on depth or oldest age (``conventions_backpressure``); off if empty
+    backpressure: dict[str, Bound] = field(default_factory=dict)
 
 
 def _broker_url(conf: Any) -> str:
@@ -90,6 +97,8 @@ def read(conf: Any) -> Settings:
         retention_interval=_seconds(
             conf, "conventions_retention_interval_seconds", RETENTION_INTERVAL
         ),
+        limits=limits.parse(conf.get("conventions_limits")),
+        backpressure=backpressure.parse(conf.get("conventions_backpressure")),
     )
 
 

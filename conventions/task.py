@@ -20,7 +20,7 @@ from billiard.exceptions import TimeLimitExceeded
 from celery import Task
 from celery.result import AsyncResult
 
-from conventions import audit, context, runner
+from conventions import audit, backpressure, context, runner
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
 from conventions.errors import ConfigurationError, PayloadError
@@ -71,6 +71,10 @@ class ConventionTask(Task):  # type: ignore[misc]
     #: for an upcaster: turns this task's payload into ``upcast_into``'s payload
     upcast: ClassVar[Callable[[Any], Payload] | None] = None
     upcast_into: ClassVar[ConventionTask | None] = None
+    #: the dependencies (``conventions_limits`` names) whose limits the body runs under
+    uses: ClassVar[tuple[str, ...]] = ()
+    #: past a backpressure bound: "raise" QueueOverCapacity, or "shed" the job
+    overflow: ClassVar[str] = "raise"
 
     # -- helpers ---------------------------------------------------------------------
     @property
@@ -134,9 +138,12 @@ class ConventionTask(Task):  # type: ignore[misc]
         task_id = task_id or str(uuid.uuid4())
         store = self.store
         published = audit.event("published", self.name, task_id, headers)
+        refusal = backpressure.check(self, options)  # None unless a queue bound is crossed
         if self.dedup is not None:
             # one round trip: the reservation and, when it is ours, the audit event
-            holder = store.reserve(key, task_id, self._dedup_ttl(), audit=published)
+            holder = store.reserve(
+                key, task_id, self._dedup_ttl(), audit=None if refusal else published
+            )
             if holder is not None:
                 audit.record(
                     store,
@@ -147,6 +154,8 @@ class ConventionTask(Task):  # type: ignore[misc]
                     detail={"duplicate_of": holder},
                 )
                 return DuplicateResult(holder, app=self.app)
+        if refusal is not None:
+            return backpressure.refuse(self, refusal, key, task_id, headers)
         try:
             result = super().apply_async(
                 (),

@@ -8,7 +8,7 @@ unique row, a Lua script or a conditional ``UPDATE``), never by a read-then-writ
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -151,6 +151,29 @@ class Store(Protocol):
 
     def lease_holder(self, name: str) -> str | None:
         """Who holds lease ``name`` now, or None."""
+        ...
+
+    def acquire_any(self, names: Sequence[str], owner: str, ttl: float) -> str | None:
+        """Take the first free lease of ``names``, in that order, for ``owner`` (a
+        concurrency slot); return its name, or None when every one is held by others."""
+        ...
+
+    # -- token buckets (dependency rate limits) ----------------------------------------
+    # One bucket per name, held by the store so that every worker shares it, with the
+    # store's clock (Redis ``TIME``; the writer's clock on SQL). The algorithm is
+    # ``conventions.store.tokens.step``.
+    def take_token(
+        self, name: str, interval: float, burst: int, max_wait: float, booked: bool
+    ) -> float:
+        """Take a token of bucket ``name`` (one every ``interval`` seconds, ``burst`` at
+        once) now and return 0, or return the seconds to wait. A caller that has not
+        ``booked`` yet books a place in line when that wait is at most ``max_wait``, and
+        comes back then with ``booked=True``."""
+        ...
+
+    def pause_tokens(self, name: str, seconds: float) -> None:
+        """No token of bucket ``name`` is taken for ``seconds`` from now (a dependency
+        answered 429 with Retry-After); a pause is only ever extended, never shortened."""
         ...
 
     # -- small state records -------------------------------------------------------------

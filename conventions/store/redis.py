@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -250,6 +250,74 @@ end
 return 0
 """
 
+#: KEYS: the leases, in order. ARGV: owner, ttl ms. Takes the first free one (or the
+#: owner's own); returns its 1-based index, 0 when every one is held by others.
+_ACQUIRE_ANY = """
+for i, key in ipairs(KEYS) do
+  local holder = redis.call('GET', key)
+  if not holder or holder == ARGV[1] then
+    redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
+    return i
+  end
+end
+return 0
+"""
+
+#: The bucket step of ``conventions.store.tokens`` on Redis' own clock. Times are
+#: written with ``%.6f`` and returned as strings (Lua numbers become integers in a reply).
+_BUCKET = """
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function save(key, tat, use, paused, at)
+  redis.call('HSET', key, 'tat', string.format('%.6f', tat),
+             'use', string.format('%.6f', use), 'paused', string.format('%.6f', paused))
+  local idle = math.max(tat, use, paused) - at + 60
+  redis.call('PEXPIRE', key, math.ceil(idle * 1000))
+end
+local b = redis.call('HMGET', KEYS[1], 'tat', 'use', 'paused')
+local old_tat, old_use = tonumber(b[1]) or 0, tonumber(b[2]) or 0
+local paused = tonumber(b[3]) or 0
+"""
+
+#: KEYS: bucket. ARGV: interval, burst, max wait, booked ('1' or '0'). Returns the wait.
+_TAKE_TOKEN = (
+    _BUCKET
+    + """
+local at = now()
+local interval, max_wait = tonumber(ARGV[1]), tonumber(ARGV[3])
+local slack = (math.max(tonumber(ARGV[2]), 1) - 1) * interval
+local tat, use = math.max(old_tat, at), math.max(old_use, at)
+local free_at = math.max(use - slack, paused)
+local wait
+if ARGV[4] == '1' then
+  wait = free_at - at
+else
+  local sched = math.max(tat, paused)
+  wait = math.max(sched - slack, free_at) - at
+  if wait > max_wait then return string.format('%.6f', wait) end
+  tat = sched + interval
+end
+if wait <= 0 then
+  save(KEYS[1], tat, use + interval, paused, at)
+  return '0'
+end
+save(KEYS[1], tat, old_use, paused, at)
+return string.format('%.6f', wait)
+"""
+)
+
+#: KEYS: bucket. ARGV: seconds. Extends the pause to at least that long from now.
+_PAUSE_TOKENS = (
+    _BUCKET
+    + """
+local at = now()
+save(KEYS[1], old_tat, old_use, math.max(paused, at + tonumber(ARGV[1])), at)
+return 1
+"""
+)
+
 #: how many records or correlation ids one purge script call handles (bounds the time
 #: Redis spends in one script)
 PURGE_BATCH = 500
@@ -308,6 +376,9 @@ class RedisStore:
         self._acquire = register(_ACQUIRE)
         self._renew_lease = register(_RENEW_LEASE)
         self._release_lease = register(_RELEASE_LEASE)
+        self._acquire_any = register(_ACQUIRE_ANY)
+        self._take_token = register(_TAKE_TOKEN)
+        self._pause_tokens = register(_PAUSE_TOKENS)
 
     # -- enqueue dedup ---------------------------------------------------------------
     def reserve(
@@ -515,6 +586,27 @@ class RedisStore:
 
     def lease_holder(self, name: str) -> str | None:
         return cast(str | None, self.client.get(keys.lease(name, self.prefix)))
+
+    def acquire_any(self, names: Sequence[str], owner: str, ttl: float) -> str | None:
+        """One script tries every lease in order: one round trip however many slots."""
+        if not names:
+            return None
+        leases = [keys.lease(name, self.prefix) for name in names]
+        index = int(cast(int, self._acquire_any(keys=leases, args=[owner, _ms(ttl)])))
+        return names[index - 1] if index else None
+
+    # -- token buckets ----------------------------------------------------------------------
+    def take_token(
+        self, name: str, interval: float, burst: int, max_wait: float, booked: bool
+    ) -> float:
+        wait = self._take_token(
+            keys=[keys.bucket(name, self.prefix)],
+            args=[repr(float(interval)), int(burst), repr(float(max_wait)), int(booked)],
+        )
+        return max(0.0, float(cast(str, wait)))
+
+    def pause_tokens(self, name: str, seconds: float) -> None:
+        self._pause_tokens(keys=[keys.bucket(name, self.prefix)], args=[repr(float(seconds))])
 
     # -- small state records ------------------------------------------------------------
     def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:

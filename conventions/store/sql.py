@@ -16,7 +16,7 @@ answer as live.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -34,6 +34,7 @@ from conventions.records import (
     DeadLetter,
     utcnow,
 )
+from conventions.store import tokens
 
 #: seconds a SQLite writer waits for the write lock before giving up
 SQLITE_BUSY_TIMEOUT = 30.0
@@ -112,6 +113,7 @@ class SQLStore:
         )
         self.leases, self.states = _lease_tables(self.metadata, table_prefix)
         self.counts = _counts_table(self.metadata, table_prefix)
+        self.buckets = _bucket_table(self.metadata, table_prefix)
         try:
             self.metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.DBAPIError:
@@ -430,6 +432,54 @@ class SQLStore:
             ).scalar()
         return None if holder is None else str(holder)
 
+    def acquire_any(self, names: Sequence[str], owner: str, ttl: float) -> str | None:
+        """One :meth:`acquire` per name until one is ours: caps are meant to be small."""
+        for name in names:
+            if self.acquire(name, owner, ttl) is None:
+                return name
+        return None
+
+    # -- token buckets ----------------------------------------------------------------------
+    def take_token(
+        self, name: str, interval: float, burst: int, max_wait: float, booked: bool
+    ) -> float:
+        """The bucket row is locked (``FOR UPDATE``; SQLite's writers queue anyway) while
+        :func:`tokens.step` runs on the writer's clock."""
+        with self.engine.begin() as conn:
+            bucket = self._lock_bucket(conn, name)
+            now = utcnow().timestamp()
+            after, wait = tokens.step(
+                bucket, now, interval, burst, max_wait=max_wait, booked=booked
+            )
+            if after != bucket:
+                self._save_bucket(conn, name, after)
+        return wait
+
+    def pause_tokens(self, name: str, seconds: float) -> None:
+        with self.engine.begin() as conn:
+            bucket = self._lock_bucket(conn, name)
+            until = utcnow().timestamp() + seconds
+            self._save_bucket(conn, name, tokens.pause(bucket, until))
+
+    def _lock_bucket(self, conn: sa.Connection, name: str) -> tokens.Bucket:
+        t = self.buckets
+        insert = (postgresql.insert if self._postgres else sqlite.insert)(t)
+        conn.execute(
+            insert.values(name=name, tat=0.0, use=0.0, paused=0.0).on_conflict_do_nothing()
+        )
+        row = conn.execute(
+            sa.select(t.c.tat, t.c.use, t.c.paused).where(t.c.name == name).with_for_update()
+        ).one()
+        return tokens.Bucket(float(row.tat), float(row.use), float(row.paused))
+
+    def _save_bucket(self, conn: sa.Connection, name: str, bucket: tokens.Bucket) -> None:
+        t = self.buckets
+        conn.execute(
+            sa.update(t)
+            .where(t.c.name == name)
+            .values(tat=bucket.tat, use=bucket.use, paused=bucket.paused)
+        )
+
     # -- small state records ------------------------------------------------------------
     def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:
         expires = None if ttl is None else utcnow() + timedelta(seconds=ttl)
@@ -542,4 +592,16 @@ def _counts_table(metadata: sa.MetaData, p: str) -> sa.Table:
         metadata,
         sa.Column("name", sa.String, primary_key=True),  # <name>|<task>
         sa.Column("value", sa.BigInteger, nullable=False),
+    )
+
+
+def _bucket_table(metadata: sa.MetaData, p: str) -> sa.Table:
+    """Token buckets of dependency rate limits: POSIX seconds, see ``tokens.Bucket``."""
+    return sa.Table(
+        f"{p}buckets",
+        metadata,
+        sa.Column("name", sa.String, primary_key=True),
+        sa.Column("tat", sa.Float(precision=53), nullable=False),
+        sa.Column("use", sa.Float(precision=53), nullable=False),
+        sa.Column("paused", sa.Float(precision=53), nullable=False),
     )
