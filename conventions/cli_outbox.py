@@ -2,13 +2,15 @@
 
     conventions outbox relay [--url URL] [--once] [--batch N] [--poll SECONDS]
                              [--max-backoff SECONDS] [--retention DURATION]
-    conventions outbox status [--url URL] [--json]
+    conventions outbox status [--url URL] [--json] [--max-lag SECONDS]
     conventions outbox init [--url URL]
 
 The database is ``--url``, else the app's ``conventions_outbox_url`` setting.
 ``relay --once`` publishes what is due and exits: 0 when every due row was published,
 1 when the broker was unreachable or a row failed (the rows stay, nothing is lost).
 Without ``--once`` the relay runs until SIGTERM or SIGINT, finishing its batch first.
+``status --max-lag S`` exits 1 when the oldest unpublished row is older than S seconds
+(a health check: the relay is down, or the broker has been unreachable for that long).
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ def add_parser(commands: Any) -> None:
     show = actions.add_parser("status", help="pending rows, failures and the outbox lag")
     show.add_argument("--url", help=url_help)
     show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument(
+        "--max-lag",
+        type=_number(float),
+        metavar="SECONDS",
+        help="exit 1 when the oldest unpublished row is older than this",
+    )
 
     init = actions.add_parser("init", help="create the outbox table (idempotent)")
     init.add_argument("--url", help=url_help)
@@ -146,14 +154,17 @@ def _status(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         engine.dispose()
     if args.json:
         print(json.dumps(state.to_dict(), indent=2), file=out)
-        return 0
-    print(
-        f"pending {state.pending} (failing {state.failing}), published kept "
-        f"{state.published}, lag {state.lag:.1f}s",
-        file=out,
-    )
-    if state.last_error:
-        print(f"last error: {state.last_error}", file=out)
+    else:
+        print(
+            f"pending {state.pending} (failing {state.failing}), published kept "
+            f"{state.published}, lag {state.lag:.1f}s",
+            file=out,
+        )
+        if state.last_error:
+            print(f"last error: {state.last_error}", file=out)
+    if args.max_lag is not None and state.lag > args.max_lag:
+        print(f"conventions: outbox lag {state.lag:.0f}s is above {args.max_lag:.0f}s", file=err)
+        return 1
     return 0
 
 

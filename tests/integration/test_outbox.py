@@ -177,9 +177,12 @@ def test_outbox_status_and_relay_once_run_as_commands(engine: sa.Engine) -> None
     status = ob.cli("outbox", "status", "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["pending"] == 1
+    unhealthy = ob.cli("outbox", "status", "--max-lag", "0.001")
+    assert unhealthy.returncode == 1 and "outbox lag" in unhealthy.stderr
     relay = ob.cli("outbox", "relay", "--once", "--batch", "10")
     assert relay.returncode == 0, relay.stderr
     assert "published 1 (0 deduplicated), failed 0" in relay.stdout
     wait_for(lambda: ob.receipts_sent("ord_ob_cli")["ord_ob_cli"] == 1)
     status = ob.cli("outbox", "status")
     assert "pending 0 (failing 0), published kept 1, lag 0.0s" in status.stdout
+    assert ob.cli("outbox", "status", "--max-lag", "0.001").returncode == 0
