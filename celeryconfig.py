@@ -10,6 +10,8 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``CELERY_RESULT_BACKEND``, ``CONVENTIONS_STORE_URL``: override the result backend and
   the layer's store;
 * ``DATABASE_URL``: the reference shop's business database (SQLite file by default);
+* ``CONVENTIONS_OUTBOX_URL``: the database of the transactional outbox the relay
+  publishes (default: the shop's database, where its web code adds outbox rows);
 * ``SMTP_URL``: where receipts are sent (``smtp://host:port``; unset: recorded only);
 * ``SENTRY_DSN``: Sentry, when set;
 * ``CONVENTIONS_LOG_FORMAT``: the worker's log lines, ``text`` (default) or ``json``;
@@ -115,4 +117,6 @@ shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sq
 shop_smtp_url = _env.get("SMTP_URL")
 reports_chunk_rows = int(_env.get("REPORTS_CHUNK_ROWS", "1000"))
 reports_chunk_pause_seconds = float(_env.get("REPORTS_CHUNK_PAUSE", "0"))
+#: the web app's database: ``outbox.add`` writes there, ``conventions outbox relay`` reads
+conventions_outbox_url = _env.get("CONVENTIONS_OUTBOX_URL") or shop_database_url
 sentry_dsn = _env.get("SENTRY_DSN")

@@ -12,6 +12,7 @@
     conventions queues [--json] [--watch]
     conventions doctor [--json] [--static] [--timeout S]
     conventions status TASK_ID [--json]
+    conventions outbox relay|status|init ...   (see conventions.cli_outbox)
 
 The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
 layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
@@ -30,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from conventions import cli_format as fmt
-from conventions import cli_lifecycle, cli_observe
+from conventions import cli_lifecycle, cli_observe, cli_outbox
 from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli_observe.add_commands(commands)
     cli_lifecycle.add_parsers(commands)
+    cli_outbox.add_parser(commands)
     return parser
 
 
@@ -175,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.usage_error("--reason must not be empty")
     try:
         app = load_app(args.app)
-        command = COMMANDS[(args.command, getattr(args, "dlq_command", None))]
+        action = getattr(args, "dlq_command", None) or getattr(args, "outbox_command", None)
+        command = COMMANDS[(args.command, action)]
         return command(app, args, sys.stdout, sys.stderr)
     except UsageError as exc:
         print(f"conventions: error: {exc}", file=sys.stderr)
@@ -293,4 +296,5 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("queues", None): cli_observe.queues_command,
     ("doctor", None): cli_lifecycle.run_doctor,
     ("status", None): cli_lifecycle.run_status,
+    **cli_outbox.COMMANDS,
 }

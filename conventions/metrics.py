@@ -105,15 +105,32 @@ def slos(app: Any, names: list[str]) -> dict[str, float]:
 
 
 def default_outbox_lag(app: Any) -> OutboxLag | None:
-    """``conventions.outbox.lag(app)`` when that module exists; else no outbox metric."""
-    try:
-        module = importlib.import_module("conventions.outbox")
-    except ImportError:
+    """The outbox lag of ``conventions_outbox_url`` when it is set; else no outbox metric.
+
+    A database without the outbox table yet (the web app never used the outbox) reads as
+    no metric, not as an error on every scrape.
+    """
+    url = app.conf.get("conventions_outbox_url")
+    if not url:
         return None
-    lag = getattr(module, "lag", None)
-    if not callable(lag):
-        return None
-    return lambda: lag(app)
+    import sqlalchemy as sa
+
+    from conventions import outbox
+    from conventions.store.sql import make_engine
+
+    engine = make_engine(str(url))
+
+    def read() -> float | None:
+        try:
+            return outbox.lag(engine)
+        except sa.exc.ProgrammingError:  # no outbox table (PostgreSQL)
+            return None
+        except sa.exc.OperationalError as exc:  # SQLite: no such table
+            if "no such table" in str(exc):
+                return None
+            raise
+
+    return read
 
 
 def load_callable(spec: str, app: Any) -> OutboxLag:

@@ -123,18 +123,7 @@ class ConventionTask(Task):  # type: ignore[misc]
                 errors=[{"loc": [], "msg": "positional arguments are refused", "type": "args"}],
                 task=self.name,
             )
-        payload = self.payload.parse(dict(kwargs or {}), task=self.name)
-        data = payload.to_message()
-        self._check_delay(options)
-        explicit_key = options.pop("idempotency_key", None)
-        key = (
-            str(explicit_key)
-            if explicit_key
-            else self._body_task().key_for(self.upcast_payload(payload))
-        )
-        headers = context.outgoing(options.pop("headers", None))
-        headers[context.IDEMPOTENCY_KEY] = key
-        headers.setdefault(context.ENQUEUED_AT, utcnow().isoformat())
+        data, key, headers = self.prepare(kwargs, options)
         task_id = task_id or str(uuid.uuid4())
         store = self.store
         published = audit.event("published", self.name, task_id, headers)
@@ -182,6 +171,29 @@ class ConventionTask(Task):  # type: ignore[misc]
             store.add_audit(published)
         result.deduplicated = False
         return result
+
+    def prepare(
+        self, kwargs: Any, options: dict[str, Any]
+    ) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        """The message of a call, checked: ``(payload data, idempotency key, headers)``.
+
+        Pops ``idempotency_key`` and ``headers`` from ``options``. ``.delay()`` and
+        ``outbox.add`` both go through here, so an outbox row is what ``.delay()`` would
+        have published. A bad call raises ``PayloadError`` (or ``ConfigurationError``).
+        """
+        payload = self.payload.parse(dict(kwargs or {}), task=self.name)
+        data = payload.to_message()
+        self._check_delay(options)
+        explicit_key = options.pop("idempotency_key", None)
+        key = (
+            str(explicit_key)
+            if explicit_key
+            else self._body_task().key_for(self.upcast_payload(payload))
+        )
+        headers = context.outgoing(options.pop("headers", None))
+        headers[context.IDEMPOTENCY_KEY] = key
+        headers.setdefault(context.ENQUEUED_AT, utcnow().isoformat())
+        return data, key, headers
 
     def _dedup_ttl(self) -> float | None:
         if isinstance(self.dedup, int | float):

@@ -1,0 +1,1 @@
+"""Runnable, tested examples of using the layer from web apps."""

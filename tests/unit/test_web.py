@@ -70,23 +70,19 @@ urlpatterns: list[Any] = []
 
 @pytest.fixture(scope="module")
 def django_client() -> Any:
+    """The Django example's settings (one settings module per process), this module's URLs."""
     pytest.importorskip("django")
+    import os
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_outbox.settings")
     import django
-    from django.conf import settings
+    from django.test import Client, override_settings
     from django.urls import path
 
-    if not settings.configured:
-        settings.configure(
-            ROOT_URLCONF=__name__,
-            ALLOWED_HOSTS=["testserver"],
-            MIDDLEWARE=["conventions.web.DjangoMiddleware"],
-            SECRET_KEY="test-only",
-        )
-        django.setup()
+    django.setup()
     urlpatterns[:] = [path("orders", django_view)]
-    from django.test import Client
-
-    return Client()
+    with override_settings(ROOT_URLCONF=__name__, MIDDLEWARE=["conventions.web.DjangoMiddleware"]):
+        yield Client()
 
 
 def test_django_a_request_is_bound_and_its_ids_echoed(django_client: Any) -> None:
