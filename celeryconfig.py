@@ -15,6 +15,9 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``);
 * ``CONVENTIONS_VISIBILITY_TIMEOUT``: overrides the Redis visibility timeout (seconds; tests
   shorten it to prove that a redelivered long job does not run twice).
+* ``CONVENTIONS_SCHEDULE``: ``module:attribute`` of the schedule entries beat sends and the
+  watchdog checks (default: ``SCHEDULE`` below);
+* ``CONVENTIONS_CLOCK_OFFSET_SECONDS``: test only, shifts the schedules' clock.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from conventions import routing
+from conventions import routing, schedules, watchdog
 
 _env = os.environ
 
@@ -97,6 +100,24 @@ conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (
     f"sqlite:///{DATA_DIR / 'store.sqlite3'}" if EMBEDDED else REDIS_URL
 )
 conventions_lease_seconds = float(_env.get("CONVENTIONS_LEASE_SECONDS", "30"))
+
+# -- schedules (docs/howto/schedules.md) ----------------------------------------------------
+#: the reference app's entries: one place, read by beat and by the watchdog
+SCHEDULE = [
+    schedules.Entry(
+        "daily-sales",
+        "reports.daily_sales.v1",
+        schedules.daily(at="03:00", tz="Asia/Bangkok"),
+        payload=schedules.business_date(days=-1),  # the Bangkok day that just ended
+        overlap="allow",
+        catch_up=6 * 3600,
+        expect=schedules.succeeds_by("04:00"),
+    ),
+    watchdog.entry(),
+]
+beat_scheduler = "conventions.scheduler:Scheduler"
+conventions_schedule = _env.get("CONVENTIONS_SCHEDULE") or SCHEDULE
+conventions_clock_offset_seconds = float(_env.get("CONVENTIONS_CLOCK_OFFSET_SECONDS") or 0)
 
 # -- the reference app ---------------------------------------------------------------------
 shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sqlite3'}"

@@ -38,6 +38,12 @@ REPLAY_OF = "cc_replay_of"
 RECONCILE = "cc_reconcile"
 #: when the first attempt failed (ISO 8601, UTC); kept across retries for the dead letter
 FIRST_FAILED_AT = "cc_first_failed_at"
+#: the schedule entry that sent this job (``conventions.schedules``)
+SCHEDULE = "cc_schedule"
+#: the scheduled time of the entry's occurrence (ISO 8601, UTC), not the send time
+OCCURRENCE = "cc_occurrence"
+#: the entry's overlap policy: ``skip``, ``replace`` or ``allow``
+OVERLAP = "cc_overlap"
 
 ALL_HEADERS = (
     CORRELATION,
@@ -49,6 +55,9 @@ ALL_HEADERS = (
     REPLAY_OF,
     RECONCILE,
     FIRST_FAILED_AT,
+    SCHEDULE,
+    OCCURRENCE,
+    OVERLAP,
 )
 #: the headers a child job inherits from its parent's context
 INHERITED = (CORRELATION, REQUEST, ACTOR)

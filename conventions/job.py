@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from conventions.context import Trace
@@ -41,14 +42,17 @@ class JobContext:
     #: the dead-letter id this run was replayed from, if any
     replay_of: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    #: another reason to stop besides a shutdown (a newer ``replace`` schedule occurrence)
+    stop_check: Callable[[], bool] | None = None
 
     @property
     def correlation_id(self) -> str:
         return self.trace.correlation_id
 
     def is_stopping(self) -> bool:
-        """True once the worker is shutting down: save a checkpoint and return soon."""
-        return _stopping.is_set()
+        """True once the worker is shutting down (or a newer occurrence of a ``replace``
+        schedule entry wants to run): save a checkpoint and return soon."""
+        return _stopping.is_set() or (self.stop_check is not None and self.stop_check())
 
 
 class LeaseKeeper:
