@@ -8,6 +8,7 @@
     conventions dlq purge --older-than DURATION
     conventions trace CORRELATION_ID [--json]
     conventions retention [--dead-letters 30d] [--audit 14d]
+    conventions schedule list | trigger NAME [--at WHEN] | check
 
 The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
 layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
@@ -26,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from conventions import cli_format as fmt
+from conventions import cli_schedule
 from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help=f"keep audit events this long (default {AUDIT_RETENTION.days}d)",
     )
+    cli_schedule.add_parser(commands)
     return parser
 
 
@@ -168,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.usage_error("--reason must not be empty")
     try:
         app = load_app(args.app)
-        command = COMMANDS[(args.command, getattr(args, "dlq_command", None))]
+        sub = getattr(args, "dlq_command", None) or getattr(args, "schedule_command", None)
+        command = COMMANDS[(args.command, sub)]
         return command(app, args, sys.stdout, sys.stderr)
     except UsageError as exc:
         print(f"conventions: error: {exc}", file=sys.stderr)
@@ -282,4 +286,5 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("dlq", "purge"): _dlq_purge,
     ("trace", None): _trace,
     ("retention", None): _retention,
+    **cli_schedule.COMMANDS,
 }

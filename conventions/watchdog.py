@@ -56,13 +56,18 @@ def register(app: Any, workload: str = "light") -> ConventionTask:
     return declare(watchdog)  # type: ignore[no-any-return]
 
 
-def entry(minutes: float = 1) -> Entry:
-    """The watchdog's own schedule entry (a crontab, so Sentry Crons can monitor it)."""
-    spec = "*" if minutes == 1 else f"*/{int(minutes)}"
+def entry(minutes: int = 1, *, seconds: float | None = None) -> Entry:
+    """The watchdog's own schedule entry: a crontab every ``minutes`` (Sentry Crons can
+    monitor it), or every ``seconds`` (tests; Sentry Crons skip it)."""
+    cadence: schedules.Schedule = (
+        schedules.every(seconds=seconds)
+        if seconds is not None
+        else schedules.crontab(minute="*" if minutes == 1 else f"*/{minutes}")
+    )
     return Entry(
         "watchdog",
         TASK,
-        schedules.crontab(minute=spec),
+        cadence,
         payload=lambda occurrence: {"checked_at": occurrence.at},
         overlap="skip",
     )
@@ -78,23 +83,37 @@ def check(app: Any, checker_id: str | None = None) -> list[dict[str, Any]]:
     for item in schedules.entries_of(app):
         if item.expect is None:
             continue
+        since = _watched_since(store, item.name, current)
         success = overlap.last_success(store, item.name)
-        for occurrence in missed(item, success, current):
+        for occurrence in missed(item, success, current, since):
             alarm = _raise(store, item, occurrence, success, checker)
             if alarm is not None:
                 raised.append(alarm)
     return raised
 
 
-def missed(entry: Entry, success: dict[str, Any] | None, current: dt.datetime) -> list[Occurrence]:
-    """The occurrences of ``entry`` whose deadline passed within ``LOOKBACK`` and that
-    no success covers (a newer occurrence's success covers the older ones)."""
+def _watched_since(store: Store, name: str, current: dt.datetime) -> dt.datetime:
+    """When the watchdog first saw entry ``name``: occurrences before that are not its
+    business (a new entry does not alarm for the hour before it was deployed)."""
+    state = store.get_state(f"schedule:watched:{name}")
+    if state is None:
+        store.put_state(f"schedule:watched:{name}", {"since": current.isoformat()}, None)
+        return current
+    return dt.datetime.fromisoformat(str(state["since"]))
+
+
+def missed(
+    entry: Entry, success: dict[str, Any] | None, current: dt.datetime, since: dt.datetime
+) -> list[Occurrence]:
+    """The occurrences of ``entry`` after ``since`` whose deadline passed within
+    ``LOOKBACK`` and that no success covers (a newer occurrence's success covers the older
+    ones)."""
     assert entry.expect is not None
     expect = entry.expect
-    since = current - LOOKBACK - dt.timedelta(seconds=expect.longest_wait())
+    start = max(since, current - LOOKBACK - dt.timedelta(seconds=expect.longest_wait()))
     succeeded = str((success or {}).get("occurrence", ""))
     out = []
-    for moment in entry.schedule.between(since, current):
+    for moment in entry.schedule.between(start - dt.timedelta(microseconds=1), current):
         occurrence = entry.occurrence(moment)
         deadline = expect.deadline(occurrence)
         if current - LOOKBACK < deadline <= current and succeeded < moment.isoformat():
