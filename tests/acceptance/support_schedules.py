@@ -56,6 +56,20 @@ def report(payload: Report, ctx: JobContext) -> str:
     return payload.business_date.isoformat()
 
 
+@app.job("testing.sched_latest.v1", payload=Slot, key="latest:{slot}", workload="light")
+def latest(payload: Slot, ctx: JobContext) -> str:
+    """Works until told to stop (a newer ``replace`` occurrence), at most 8 s."""
+    started = time.time()
+    while not ctx.is_stopping() and time.time() - started < 8:
+        time.sleep(0.1)
+    app.store.put_state(
+        f"test:latest:{payload.slot}",
+        {"start": started, "end": time.time(), "stopped": ctx.is_stopping()},
+        3600,
+    )
+    return payload.slot
+
+
 TWO_BEATS = [Entry("tick", "testing.sched_tick.v1", schedules.every(minutes=1), payload=slot)]
 
 #: 06:30 in Bangkok is 23:30 UTC the day before
@@ -89,3 +103,8 @@ WATCHDOG = [
     ),
     watchdog.entry(seconds=5),
 ]
+
+REPLACE = Entry(
+    "latest-wins", "testing.sched_latest.v1", schedules.every(seconds=10), payload=slot,
+    overlap="replace",
+)  # fmt: skip
