@@ -22,6 +22,9 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``CONVENTIONS_DOCTOR_LEVELS``: ``code=level,...`` lowers (or raises) a doctor check;
 * ``REPORTS_CHUNK_ROWS``, ``REPORTS_CHUNK_PAUSE``: the daily report's chunk size and the
   pause between chunks (seconds) that keeps it gentle on the shop database.
+* ``CONVENTIONS_SCHEDULE``: ``module:attribute`` of the schedule entries beat sends and the
+  watchdog checks (default: ``SCHEDULE`` below);
+* ``CONVENTIONS_CLOCK_OFFSET_SECONDS``: test only, shifts the schedules' clock.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from conventions import routing
+from conventions import routing, schedules, watchdog
 
 _env = os.environ
 
@@ -111,6 +114,24 @@ conventions_shutdown_grace_seconds = float(_env.get("CONVENTIONS_SHUTDOWN_GRACE"
 conventions_doctor_levels = dict(
     item.split("=", 1) for item in _env.get("CONVENTIONS_DOCTOR_LEVELS", "").split(",") if item
 )
+
+# -- schedules (docs/howto/schedules.md) ----------------------------------------------------
+#: the reference app's entries: one place, read by beat and by the watchdog
+SCHEDULE = [
+    schedules.Entry(
+        "daily-sales",
+        "reports.daily_sales.v1",
+        schedules.daily(at="03:00", tz="Asia/Bangkok"),
+        payload=schedules.business_date(days=-1),  # the Bangkok day that just ended
+        overlap="allow",
+        catch_up=6 * 3600,
+        expect=schedules.succeeds_by("04:00"),
+    ),
+    watchdog.entry(),
+]
+beat_scheduler = "conventions.scheduler:Scheduler"
+conventions_schedule = _env.get("CONVENTIONS_SCHEDULE") or SCHEDULE
+conventions_clock_offset_seconds = float(_env.get("CONVENTIONS_CLOCK_OFFSET_SECONDS") or 0)
 
 # -- the reference app ---------------------------------------------------------------------
 shop_database_url = _env.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'shop.sqlite3'}"

@@ -112,6 +112,7 @@ def init_sentry(dsn: str | None, **options: Any) -> bool:
         return False
     integrations = list(options.pop("integrations", ()))
     if not any(isinstance(item, CeleryIntegration) for item in integrations):
-        integrations.append(CeleryIntegration())
+        # Sentry Crons for beat's crontab and whole-minute entries (docs/howto/schedules.md)
+        integrations.append(CeleryIntegration(monitor_beat_tasks=True))
     sentry_sdk.init(dsn=dsn, integrations=integrations, **options)
     return True

@@ -13,6 +13,7 @@
     conventions doctor [--json] [--static] [--timeout S]
     conventions status TASK_ID [--json]
     conventions outbox relay|status|init ...   (see conventions.cli_outbox)
+    conventions schedule list | trigger NAME [--at WHEN] | check
 
 The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
 layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
@@ -31,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from conventions import cli_format as fmt
-from conventions import cli_lifecycle, cli_observe, cli_outbox
+from conventions import cli_lifecycle, cli_observe, cli_outbox, cli_schedule
 from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_observe.add_commands(commands)
     cli_lifecycle.add_parsers(commands)
     cli_outbox.add_parser(commands)
+    cli_schedule.add_parser(commands)
     return parser
 
 
@@ -177,8 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.usage_error("--reason must not be empty")
     try:
         app = load_app(args.app)
-        action = getattr(args, "dlq_command", None) or getattr(args, "outbox_command", None)
-        command = COMMANDS[(args.command, action)]
+        sub = (
+            getattr(args, "dlq_command", None)
+            or getattr(args, "outbox_command", None)
+            or getattr(args, "schedule_command", None)
+        )
+        command = COMMANDS[(args.command, sub)]
         return command(app, args, sys.stdout, sys.stderr)
     except UsageError as exc:
         print(f"conventions: error: {exc}", file=sys.stderr)
@@ -297,4 +303,5 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("doctor", None): cli_lifecycle.run_doctor,
     ("status", None): cli_lifecycle.run_status,
     **cli_outbox.COMMANDS,
+    **cli_schedule.COMMANDS,
 }

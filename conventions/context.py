@@ -44,6 +44,12 @@ FIRST_FAILED_AT = "cc_first_failed_at"
 RESUMED = "cc_resumed"
 #: the dependency limiter's state across deferrals: places booked in line, slot waits
 LIMITS = "cc_limits"
+#: the schedule entry that sent this job (``conventions.schedules``)
+SCHEDULE = "cc_schedule"
+#: the scheduled time of the entry's occurrence (ISO 8601, UTC), not the send time
+OCCURRENCE = "cc_occurrence"
+#: the entry's overlap policy: ``skip``, ``replace`` or ``allow``
+OVERLAP = "cc_overlap"
 
 ALL_HEADERS = (
     CORRELATION,
@@ -57,6 +63,9 @@ ALL_HEADERS = (
     FIRST_FAILED_AT,
     RESUMED,
     LIMITS,
+    SCHEDULE,
+    OCCURRENCE,
+    OVERLAP,
 )
 #: the headers a child job inherits from its parent's context
 INHERITED = (CORRELATION, REQUEST, ACTOR)

@@ -76,15 +76,18 @@ class JobContext:
     checkpoint_keep: float = 7 * 86400.0
     _progress: Progress | None = field(default=None, init=False, repr=False)
     _checkpoint: Checkpoint | None = field(default=None, init=False, repr=False)
+    #: another reason to stop besides a shutdown (a newer ``replace`` schedule occurrence)
+    stop_check: Callable[[], bool] | None = None
 
     @property
     def correlation_id(self) -> str:
         return self.trace.correlation_id
 
     def is_stopping(self) -> bool:
-        """True once the worker is shutting down: save a checkpoint, then raise
-        ``ResumeLater`` (or return) soon; the job gets the worker's shutdown grace."""
-        return stopping()
+        """True once the worker is shutting down (or a newer occurrence of a ``replace``
+        schedule entry wants to run): save a checkpoint, then raise ``ResumeLater`` (or
+        return) soon; the job gets the worker's shutdown grace."""
+        return stopping() or (self.stop_check is not None and self.stop_check())
 
     def progress(self, done: int, total: int | None = None, note: str = "") -> dict[str, Any]:
         """Report progress (throttled, never backwards): ``conventions status``, the

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from conventions import alerts, audit, context, deadletter, limits, locks, logs, queues
+from conventions import alerts, audit, context, deadletter, limits, locks, logs, overlap, queues
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
@@ -213,6 +213,13 @@ class Delivery:
         self.defer(f"resume later: {exc}")
 
     def call_body(self, payload: Payload, ctx: JobContext) -> Any:
+        # a schedule entry's job runs under its overlap policy (``conventions.overlap``)
+        lease = self.task.settings.lease
+        return overlap.run(
+            self.task.store, self.headers, ctx, lease, lambda: self._run(payload, ctx)
+        )
+
+    def _run(self, payload: Payload, ctx: JobContext) -> Any:
         body = self.body
         if ctx.reconcile_first and body.reconcile is not None and body.reconcile(payload, ctx):
             return None  # the provider says the effect already happened

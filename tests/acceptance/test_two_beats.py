@@ -1,0 +1,57 @@
+"""Two beat processes against one broker: each minute occurrence runs exactly once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tasks import app
+from tests.acceptance import support_schedules as support
+from tests.acceptance.schedule_helpers import beat_process, names
+from tests.integration.helpers import wait_for
+
+__all__ = ["beat_process"]  # the fixture, used by name
+
+pytestmark = [pytest.mark.usefixtures("clean_store"), pytest.mark.chaos]
+
+
+def test_two_beats_run_each_minute_once_and_record_the_other_send_as_deduplicated(
+    worker_process: Callable[..., Any], beat_process: Callable[..., Any]
+) -> None:
+    env = {"CONVENTIONS_SCHEDULE": "tests.acceptance.support_schedules:TWO_BEATS"}
+    entry = support.TWO_BEATS[0]
+    worker_process("ticks", "email", include="tests.acceptance.support_schedules", **env)
+    started = dt.datetime.now(dt.UTC)
+    beat_process("beat-a", **env)
+    beat_process("beat-b", **env)
+    # both beats send the current minute at start, then two minute boundaries pass
+    last = entry.schedule.next_after(entry.schedule.next_after(started))
+    time.sleep(max((last - dt.datetime.now(dt.UTC)).total_seconds(), 0) + 8)
+    occurrences = [
+        entry.occurrence(moment)
+        for moment in entry.schedule.between(started - dt.timedelta(minutes=1), last)
+    ]
+    assert len(occurrences) == 3
+    for occurrence in occurrences:
+        trail = wait_for(lambda o=occurrence: _settled(o.correlation_id), timeout=60, every=0.5)
+        counts = Counter(names(trail))
+        assert counts["published"] == 1, (occurrence.label, names(trail))
+        assert counts["started"] == 1 and counts["succeeded"] == 1, names(trail)
+        assert counts["deduplicated"] >= 1, names(trail)  # the other beat's send
+        published = next(e for e in trail if e.event == "published")
+        for duplicate in (e for e in trail if e.event == "deduplicated"):
+            assert duplicate.detail["duplicate_of"] == published.task_id
+        ran = app.store.get_state(f"test:tick:{occurrence.key}")
+        assert ran is not None and ran["task_id"] == published.task_id
+
+
+def _settled(correlation_id: str) -> list[Any] | None:
+    """The trail once the run succeeded and the second send was recorded."""
+    trail = app.store.audit_for(correlation_id)
+    found = set(names(trail))
+    return trail if {"succeeded", "deduplicated"} <= found else None
