@@ -87,6 +87,8 @@ def queues_command(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO)
             time.sleep(args.interval)
     except KeyboardInterrupt:
         return 0
+    finally:
+        reader.close()
 
 
 def _flows(

@@ -104,13 +104,26 @@ class BrokerQueues:
         priority_steps: Sequence[int] = PRIORITY_STEPS,
         sep: str = PRIORITY_SEP,
         key_prefix: str = "",
+        owns_client: bool = False,
     ) -> None:
         self.client = client
+        #: close the client with the reader (a client made by ``from_app``)
+        self.owns_client = owns_client
         self.queues = list(queues)
         self.priority_steps = sorted(set(priority_steps))
         self.sep = sep
         self.key_prefix = key_prefix
         self._seen: dict[str, tuple[str, float]] = {}
+
+    def close(self) -> None:
+        if self.owns_client:
+            self.client.close()
+
+    def __enter__(self) -> BrokerQueues:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def lists(self, queue: str) -> list[str]:
         """The Redis lists of ``queue``: one per priority step (kombu's names)."""
@@ -184,6 +197,7 @@ def from_app(app: Any, client: redis.Redis | None = None) -> BrokerQueues:
         priority_steps=options.get("priority_steps", PRIORITY_STEPS),
         sep=options.get("sep", PRIORITY_SEP),
         key_prefix=options.get("global_keyprefix", ""),
+        owns_client=client is None,
     )
 
 

@@ -56,8 +56,8 @@ def _finished() -> int:
 def test_the_scraped_counters_match_a_scripted_run_exactly(
     exporter: ExporterProcess, broker_redis: redis.Redis, worker_process: Callable[..., Any]
 ) -> None:
-    reader = queues.from_app(app)
-    broker_redis.delete(*[key for queue in reader.queues for key in reader.lists(queue)])
+    with queues.from_app(app) as reader:
+        broker_redis.delete(*[key for queue in reader.queues for key in reader.lists(queue)])
     metered = support_metrics.metered
     for n in range(5):
         metered.delay(item_id=f"ok_{n}")

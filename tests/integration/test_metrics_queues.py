@@ -36,8 +36,8 @@ def exporter(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _empty_queues(client: redis.Redis) -> None:
-    reader = queues.from_app(app)
-    client.delete(*[key for queue in reader.queues for key in reader.lists(queue)])
+    with queues.from_app(app) as reader:
+        client.delete(*[key for queue in reader.queues for key in reader.lists(queue)])
 
 
 def test_with_no_worker_the_oldest_age_grows_and_a_worker_drains_it_to_zero(
@@ -104,11 +104,11 @@ def test_a_message_without_our_header_reports_how_long_it_was_seen_at_the_head(
     _empty_queues(broker_redis)
     foreign = {"body": "", "headers": {"task": "x"}, "properties": {"delivery_tag": "tag-1"}}
     broker_redis.lpush("heavy", json.dumps(foreign))
-    reader = queues.from_app(app)
-    first = {s.queue: s for s in reader.read()}["heavy"]
-    assert (first.depth, first.oldest_age, first.age_source) == (1, None, "unknown")
-    time.sleep(1.1)
-    later = {s.queue: s for s in reader.read()}["heavy"]
+    with queues.from_app(app) as reader:
+        first = {s.queue: s for s in reader.read()}["heavy"]
+        assert (first.depth, first.oldest_age, first.age_source) == (1, None, "unknown")
+        time.sleep(1.1)
+        later = {s.queue: s for s in reader.read()}["heavy"]
     assert later.age_source == "seen"
     assert later.oldest_age is not None and later.oldest_age >= 1.0
     _empty_queues(broker_redis)
@@ -162,7 +162,8 @@ def test_reading_a_queue_of_100000_jobs_sends_as_few_commands_as_reading_one(
     email = {s.queue: s for s in states}["email"]
     assert email.depth == 100_000 and email.age_source == "header"
     assert many == few  # the same commands, whatever the depth
-    reader = queues.from_app(app)
+    with queues.from_app(app) as reader:
+        pass  # its queue names and priority lists only
     per_queue = 2 * len(reader.priority_steps)  # LLEN + LINDEX -1 per priority list
     assert len(many) == per_queue * len(reader.queues)
     assert set(many) == {"LLEN", "LINDEX"}  # both O(1) at index -1: nothing scans
