@@ -16,6 +16,9 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``);
 * ``CONVENTIONS_VISIBILITY_TIMEOUT``: overrides the Redis visibility timeout (seconds; tests
   shorten it to prove that a redelivered long job does not run twice).
+* ``CONVENTIONS_UNACKED_RESTORE_INTERVAL``, ``CONVENTIONS_UNACKED_MUTEX_EXPIRE``: how often
+  (seconds) kombu sweeps a dead worker's unacked messages back, and how long a worker killed
+  mid-sweep holds the sweep's mutex (kombu: ~100 s and 300 s; the chaos tests shorten both).
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ if EMBEDDED:
         "store_processed": False,
     }
     (DATA_DIR / "results").mkdir(parents=True, exist_ok=True)
+if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_RESTORE_INTERVAL"):
+    broker_transport_options["unacked_restore_interval"] = int(
+        _env["CONVENTIONS_UNACKED_RESTORE_INTERVAL"]
+    )
+    broker_transport_options["unacked_restore_throttle"] = 1  # every interval, not every 10th
+if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_MUTEX_EXPIRE"):
+    broker_transport_options["unacked_mutex_expire"] = int(_env["CONVENTIONS_UNACKED_MUTEX_EXPIRE"])
 
 result_backend = _env.get("CELERY_RESULT_BACKEND") or (
     f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL
