@@ -102,6 +102,8 @@ task_queues = routing.queues_for(WORKLOADS)
 task_routes = (routing.WorkloadRouter(WORKLOADS),)
 
 # -- the layer -----------------------------------------------------------------------------
+# a message the worker cannot run is dead-lettered (raw body kept), never just logged
+worker_consumer = "conventions.consumer:Consumer"
 conventions_workloads = WORKLOADS
 conventions_workload_time_limits = WORKLOAD_TIME_LIMITS
 conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (

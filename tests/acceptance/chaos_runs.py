@@ -73,9 +73,15 @@ class Crew:
         thread.start()
         self.starting.append(thread)
 
-    def pick(self, rng: random.Random) -> Worker | None:
-        with self.lock:
-            return rng.choice(self.live) if self.live else None
+    def pick(self, rng: random.Random, timeout: float = 90) -> Worker | None:
+        """A random live worker; waits for a replacement when every worker is down."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.live:
+                    return rng.choice(self.live)
+            time.sleep(0.1)
+        return None
 
     def kill_nine(self, rng: random.Random, whole: bool) -> str:
         """``kill -9`` a whole worker (main process and pool), or one pool process."""

@@ -34,7 +34,6 @@ import redis
 from sqlalchemy import Engine, text
 
 from tasks import shop
-from tests.conftest import PG_BASE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,6 +136,7 @@ def shop_database(orders: int) -> Iterator[Engine]:
     import psycopg
 
     from conventions import once
+    from tests.conftest import PG_BASE  # not at import: it rewrites the environment
 
     name = f"cc_chaos_{uuid.uuid4().hex[:8]}"
     admin_url = PG_BASE.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
@@ -167,15 +167,18 @@ def event_ids(count: int) -> list[str]:
 class Worker:
     """A real ``celery -A <app> worker`` subprocess (prefork), in its own session."""
 
-    def __init__(self, app: str, name: str, queue: str, env: dict[str, str], folder: Path):
+    def __init__(  # noqa: PLR0917
+        self, app: str, name: str, queue: str, env: dict[str, str], folder: Path, include: str = ""
+    ) -> None:
         self.name = name
+        extra = ["-I", include] if include else []
         self.log = folder / f"{name}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [
                     sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queue,
                     "-c", "2", "-P", "prefork", "-n", f"{name}@%h", "--without-gossip",
-                    "--without-mingle", "--loglevel=INFO",
+                    "--without-mingle", "--loglevel=INFO", *extra,
                 ],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -278,7 +281,8 @@ def measure(engine: Engine, *, receipts: bool) -> dict[str, int | None]:
 
 
 def _publish_main(kind: str, count: int) -> None:
-    """The publisher process (environment from :func:`worker_env`)."""
+    """The publisher process (environment from :func:`worker_env`; never import
+    ``tests.conftest`` here: it points ``REDIS_URL`` at the machine's Redis)."""
     ids = event_ids(count)
     if kind == "ours":
         from tasks.payments import apply_event
