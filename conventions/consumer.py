@@ -22,11 +22,9 @@ import logging
 import socket
 import traceback as tb
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
-from vine import promise
 
 from conventions import context
 from conventions.deadletter import MAX_MESSAGE, MAX_TRACEBACK, scrub
@@ -121,9 +119,9 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
         record(self, message, Category.INVALID, f"refused task message: {exc}", exc)
         super().on_invalid_task(body, message, exc)
 
-    def create_task_handler(self, promise: Callable[..., Any] = promise) -> Any:
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's handler, made to survive a message that raises in it."""
-        handle = super().create_task_handler(promise)
+        handle = super().create_task_handler(*args, **kwargs)
         fatal = tuple(self.connection_errors) + tuple(self.channel_errors)
 
         def on_task_received(message: Any) -> Any:

@@ -35,7 +35,7 @@ from tests.acceptance.support_chaos import (
 
 #: how long nothing may move before a run is declared over (beyond the chaos workers'
 #: 10 s visibility timeout and 2 s restore sweep, so that a stranded message comes back)
-STALL = 20.0
+STALL = 15.0
 #: the longest a run may take, blows and drain included
 DEADLINE = 150.0
 #: the queue and the app of each profile

@@ -266,13 +266,21 @@ class Outcome:
     receipts: int | None = None
     missing_receipts: int | None = None
     dead_letters: int | None = None
+    #: the first lost events, for the diagnosis
+    lost_events: list[str] | None = None
 
     def as_row(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def measure(engine: Engine, *, receipts: bool) -> dict[str, int | None]:
+def measure(engine: Engine, *, receipts: bool) -> dict[str, Any]:
+    with engine.connect() as connection:
+        lost_events = connection.execute(
+            text("SELECT id FROM payment_events WHERE applied_at IS NULL ORDER BY id LIMIT 10")
+        ).scalars()
+        first_lost = list(lost_events)
     return {
+        "lost_events": first_lost,
         "lost": scalar(engine, LOST),
         "duplicated": scalar(engine, DUPLICATED),
         "receipts": scalar(engine, RECEIPTS) if receipts else None,

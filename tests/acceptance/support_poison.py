@@ -17,7 +17,9 @@ class KillWorker(Payload):
     pill_id: Id
 
 
-@app.job("testing.kill_worker.v1", payload=KillWorker, key="kill-worker:{pill_id}", workload="email")
+@app.job(
+    "testing.kill_worker.v1", payload=KillWorker, key="kill-worker:{pill_id}", workload="email"
+)
 def kill_worker(payload: KillWorker, ctx: JobContext) -> None:
     """SIGKILL the pool process running this job, on every delivery."""
     os.kill(os.getpid(), signal.SIGKILL)
