@@ -235,7 +235,7 @@ def worker_env(server: RedisServer, engine: Engine, **extra: str) -> dict[str, s
         "CONVENTIONS_LEASE_SECONDS": "3",
         "CONVENTIONS_VISIBILITY_TIMEOUT": "10",
         "CONVENTIONS_UNACKED_RESTORE_INTERVAL": "2",
-        "CONVENTIONS_UNACKED_MUTEX_EXPIRE": "10",
+        "CONVENTIONS_UNACKED_MUTEX_EXPIRE": "5",
     }
     env.pop("CELERY_BROKER_URL", None)
     env.pop("CELERY_RESULT_BACKEND", None)
