@@ -33,8 +33,11 @@ from tests.acceptance.support_chaos import Outcome, RedisServer, own_redis, shop
 
 pytestmark = pytest.mark.chaos
 
-#: payment jobs per run
+#: payment jobs per kill -9 run
 JOBS = 2000
+#: payment jobs per SIGTERM and Redis-crash run: scaled down so that the whole chaos
+#: suite stays near five minutes on a 2-core machine
+SMALL_JOBS = 1000
 #: the kill -9 plan: two whole workers (main process and pool) and three pool processes
 WHOLE_WORKERS_KILLED = 2
 POOL_PROCESSES_KILLED = 3
@@ -64,6 +67,12 @@ def chaos_redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def shop() -> Iterator[Engine]:
     with shop_database(JOBS) as engine:
+        yield engine
+
+
+@pytest.fixture
+def small_shop() -> Iterator[Engine]:
+    with shop_database(SMALL_JOBS) as engine:
         yield engine
 
 
@@ -108,24 +117,24 @@ def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_on
 
 
 @pytest.mark.timeout(240)
-def test_two_thousand_payments_through_sigterms_under_load_lose_nothing_and_apply_once(
-    chaos_redis: RedisServer, shop: Engine, tmp_path: Path, outcomes: list[Outcome]
+def test_payments_through_sigterms_under_load_lose_nothing_and_apply_once(
+    chaos_redis: RedisServer, small_shop: Engine, tmp_path: Path, outcomes: list[Outcome]
 ) -> None:
     seed = random.randrange(1 << 30)
     outcome = run(
-        "SIGTERM", "ours", chaos_redis, shop, tmp_path / "workers", JOBS,
+        "SIGTERM", "ours", chaos_redis, small_shop, tmp_path / "workers", SMALL_JOBS,
         [Crew.sigterm] * SIGTERMS, seed,
     )  # fmt: skip
     _report(outcome, outcomes)
     assert outcome.chaos.count("SIGTERM") == SIGTERMS, outcome.chaos
     # a warm shutdown finishes its running jobs and gives its reserved ones back
     assert (outcome.lost, outcome.duplicated, outcome.dead_letters) == (0, 0, 0), outcome
-    assert (outcome.receipts, outcome.missing_receipts) == (JOBS, 0), outcome
+    assert (outcome.receipts, outcome.missing_receipts) == (SMALL_JOBS, 0), outcome
 
 
 @pytest.mark.timeout(240)
 def test_payments_through_a_redis_crash_with_aof_apply_once_and_lose_only_in_flight_jobs(
-    chaos_redis: RedisServer, shop: Engine, tmp_path: Path, outcomes: list[Outcome]
+    chaos_redis: RedisServer, small_shop: Engine, tmp_path: Path, outcomes: list[Outcome]
 ) -> None:
     def crash_redis(crew: Crew, rng: random.Random) -> str:
         down = rng.uniform(1.0, 3.0)
@@ -135,7 +144,7 @@ def test_payments_through_a_redis_crash_with_aof_apply_once_and_lose_only_in_fli
 
     seed = random.randrange(1 << 30)
     outcome = run(
-        "Redis crash", "ours", chaos_redis, shop, tmp_path / "workers", JOBS,
+        "Redis crash", "ours", chaos_redis, small_shop, tmp_path / "workers", SMALL_JOBS,
         [crash_redis], seed, publish_first=True,
     )  # fmt: skip
     _report(outcome, outcomes)
@@ -146,5 +155,6 @@ def test_payments_through_a_redis_crash_with_aof_apply_once_and_lose_only_in_fli
     # connection loss"; Celery cancels it and the message is not delivered again.
     assert (outcome.duplicated, outcome.dead_letters) == (0, 0), outcome
     assert outcome.lost <= IN_FLIGHT, outcome
+    # every order paid has its receipt, or is counted as missing one
     assert outcome.receipts is not None and outcome.missing_receipts is not None
-    assert outcome.receipts + outcome.missing_receipts == JOBS
+    assert outcome.receipts + outcome.missing_receipts == SMALL_JOBS - outcome.lost
