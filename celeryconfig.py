@@ -25,6 +25,9 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``CONVENTIONS_SCHEDULE``: ``module:attribute`` of the schedule entries beat sends and the
   watchdog checks (default: ``SCHEDULE`` below);
 * ``CONVENTIONS_CLOCK_OFFSET_SECONDS``: test only, shifts the schedules' clock.
+* ``CONVENTIONS_UNACKED_RESTORE_INTERVAL``, ``CONVENTIONS_UNACKED_MUTEX_EXPIRE``: how often
+  (seconds) kombu sweeps a dead worker's unacked messages back, and how long a worker killed
+  mid-sweep holds the sweep's mutex (kombu: ~100 s and 300 s; the chaos tests shorten both).
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ if EMBEDDED:
         "store_processed": False,
     }
     (DATA_DIR / "results").mkdir(parents=True, exist_ok=True)
+if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_RESTORE_INTERVAL"):
+    broker_transport_options["unacked_restore_interval"] = int(
+        _env["CONVENTIONS_UNACKED_RESTORE_INTERVAL"]
+    )
+    broker_transport_options["unacked_restore_throttle"] = 1  # every interval, not every 10th
+if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_MUTEX_EXPIRE"):
+    broker_transport_options["unacked_mutex_expire"] = int(_env["CONVENTIONS_UNACKED_MUTEX_EXPIRE"])
 
 result_backend = _env.get("CELERY_RESULT_BACKEND") or (
     f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL
@@ -101,6 +111,8 @@ task_queues = routing.queues_for(WORKLOADS)
 task_routes = (routing.WorkloadRouter(WORKLOADS),)
 
 # -- the layer -----------------------------------------------------------------------------
+# a message the worker cannot run is dead-lettered (raw body kept), never just logged
+worker_consumer = "conventions.consumer:Consumer"
 conventions_workloads = WORKLOADS
 conventions_workload_time_limits = WORKLOAD_TIME_LIMITS
 conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (

@@ -26,6 +26,7 @@ class Category(StrEnum):
     BUG = "bug"  #: an unclassified exception: a defect to fix, reported as an alert
     EXHAUSTED = "exhausted"  #: transient failures until the attempts ran out
     POISON = "poison"  #: the job kept killing its worker and was quarantined
+    UNPARSEABLE = "unparseable"  #: the message could not be read as a job (raw body kept)
 
 
 class ClaimStatus(StrEnum):

@@ -1,0 +1,160 @@
+"""The chaos suite: payments through kill -9, SIGTERM and a Redis crash, counted in the
+database, with raw Celery beside us.
+
+Every run publishes one ``payments.apply_event.v1`` job per payment event to two prefork
+workers on a Redis server of the test's own (see ``support_chaos``), deals its blows at
+random moments while the work is under way, waits for the end and counts two numbers:
+**jobs lost** (an event never applied) and **business effects duplicated** (an extra
+application of an event: ``shop.apply_payment`` is not idempotent on purpose). Ours
+must be 0 and 0. Raw Celery runs the same effect with its defaults and with late acks
+but no idempotency; its numbers depend on where the blows land, so they are reported,
+not asserted (``build/chaos-report.md``, printed with ``pytest -s``).
+
+Receipts are counted apart: a payment committed by a job whose worker dies before it
+publishes ``email.send_receipt.v2`` loses its receipt (crash window 7 of
+``docs/discussions/delivery-guarantees.md``, which the outbox closes).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.acceptance import chaos_report
+from tests.acceptance.chaos_runs import Blow, Crew, run
+from tests.acceptance.support_chaos import Outcome, RedisServer, own_redis, shop_database
+
+pytestmark = pytest.mark.chaos
+
+#: payment jobs per kill -9 run
+JOBS = 2000
+#: payment jobs per SIGTERM and Redis-crash run: scaled down so that the whole chaos
+#: suite stays near five minutes on a 2-core machine
+SMALL_JOBS = 1000
+#: the kill -9 plan: two whole workers (main process and pool) and three pool processes
+WHOLE_WORKERS_KILLED = 2
+POOL_PROCESSES_KILLED = 3
+SIGTERMS = 3
+#: jobs two workers can hold at once: two running and two prefetched each
+IN_FLIGHT = 8
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> Iterator[list[Outcome]]:
+    """The runs of this module, written to the report when the module ends."""
+    collected: list[Outcome] = []
+    yield collected
+    if collected:
+        print("\nchaos report (build/chaos-report.md):\n" + chaos_report.write(collected))
+
+
+@pytest.fixture
+def chaos_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis server of this test's own (AOF, fsync always), on a free port."""
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    with own_redis(folder) as server:
+        yield server
+
+
+@pytest.fixture
+def shop() -> Iterator[Engine]:
+    with shop_database(JOBS) as engine:
+        yield engine
+
+
+@pytest.fixture
+def small_shop() -> Iterator[Engine]:
+    with shop_database(SMALL_JOBS) as engine:
+        yield engine
+
+
+def kill_nine_plan(seed: int) -> list[Blow]:
+    whole = [partial(Crew.kill_nine, whole=True)] * WHOLE_WORKERS_KILLED
+    pool = [partial(Crew.kill_nine, whole=False)] * POOL_PROCESSES_KILLED
+    plan: list[Blow] = [*whole, *pool]
+    random.Random(seed).shuffle(plan)
+    return plan
+
+
+def _report(outcome: Outcome, outcomes: list[Outcome]) -> None:
+    outcomes.append(outcome)
+    print(f"\n{outcome}")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("profile", ["ours", "default", "acks_late"])
+def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_once(
+    profile: str,
+    chaos_redis: RedisServer,
+    shop: Engine,
+    tmp_path: Path,
+    outcomes: list[Outcome],
+) -> None:
+    seed = random.randrange(1 << 30)
+    outcome = run(
+        "kill -9", profile, chaos_redis, shop, tmp_path / "workers", JOBS,
+        kill_nine_plan(seed), seed,
+    )  # fmt: skip
+    _report(outcome, outcomes)
+    assert outcome.chaos.count("kill -9") == WHOLE_WORKERS_KILLED + POOL_PROCESSES_KILLED, (
+        outcome.chaos
+    )
+    if profile != "ours":
+        return  # raw Celery's numbers depend on where the blows land: reported, not asserted
+    assert (outcome.lost, outcome.duplicated, outcome.dead_letters) == (0, 0, 0), outcome
+    # every payment is applied once, and every paid order has its receipt unless a kill
+    # landed between the payment's commit and the receipt's publish (reported apart)
+    assert outcome.receipts is not None and outcome.missing_receipts is not None
+    assert outcome.receipts + outcome.missing_receipts == JOBS
+
+
+@pytest.mark.timeout(240)
+def test_payments_through_sigterms_under_load_lose_nothing_and_apply_once(
+    chaos_redis: RedisServer, small_shop: Engine, tmp_path: Path, outcomes: list[Outcome]
+) -> None:
+    seed = random.randrange(1 << 30)
+    outcome = run(
+        "SIGTERM", "ours", chaos_redis, small_shop, tmp_path / "workers", SMALL_JOBS,
+        [Crew.sigterm] * SIGTERMS, seed,
+    )  # fmt: skip
+    _report(outcome, outcomes)
+    assert outcome.chaos.count("SIGTERM") == SIGTERMS, outcome.chaos
+    # a warm shutdown finishes its running jobs and gives its reserved ones back
+    assert (outcome.lost, outcome.duplicated, outcome.dead_letters) == (0, 0, 0), outcome
+    assert (outcome.receipts, outcome.missing_receipts) == (SMALL_JOBS, 0), outcome
+
+
+@pytest.mark.timeout(240)
+def test_payments_through_a_redis_crash_with_aof_apply_once_and_lose_only_in_flight_jobs(
+    chaos_redis: RedisServer, small_shop: Engine, tmp_path: Path, outcomes: list[Outcome]
+) -> None:
+    def crash_redis(crew: Crew, rng: random.Random) -> str:
+        down = rng.uniform(1.0, 3.0)
+        started = time.monotonic()
+        chaos_redis.restart(signal.SIGKILL, down=down)
+        return f"Redis kill -9, restarted from its AOF after {time.monotonic() - started:.1f}s"
+
+    seed = random.randrange(1 << 30)
+    outcome = run(
+        "Redis crash", "ours", chaos_redis, small_shop, tmp_path / "workers", SMALL_JOBS,
+        [crash_redis], seed, publish_first=True,
+    )  # fmt: skip
+    _report(outcome, outcomes)
+    assert chaos_redis.restarts == 1
+    # the append-only file kept the queue, the unacked set and the store: nothing applied
+    # twice, nothing dead-lettered. A known gap (reported, bounded here): a late-ack job
+    # that a worker holds when the connection drops "cannot be acknowledged after a
+    # connection loss"; Celery cancels it and the message is not delivered again.
+    assert (outcome.duplicated, outcome.dead_letters) == (0, 0), outcome
+    assert outcome.lost <= IN_FLIGHT, outcome
+    # every order paid has its receipt, or is counted as missing one
+    assert outcome.receipts is not None and outcome.missing_receipts is not None
+    assert outcome.receipts + outcome.missing_receipts == SMALL_JOBS - outcome.lost
