@@ -129,6 +129,8 @@ def default_outbox_lag(app: Any) -> OutboxLag | None:
             if "no such table" in str(exc):
                 return None
             raise
+        finally:
+            engine.dispose()  # a scrape every 15 s or more: no connection kept between them
 
     return read
 
