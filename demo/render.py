@@ -13,6 +13,7 @@ EMBEDDED_CANNOT = [
     "queue gauges): they are read from Redis lists",
     "crash-safety: the filesystem transport deletes a message file when a worker reads it, "
     "so a kill -9 of a whole worker loses the jobs it had prefetched",
+    "the Prometheus exporter (`conventions metrics serve`): it reads the queues from Redis",
     "several machines: the broker is a folder of this one",
 ]
 
@@ -100,6 +101,9 @@ def lines(s: dict[str, Any]) -> list[str]:
         f"  receipts        {shop['receipts']} sent for {shop['paid']} paid orders "
         f"({len(story.WEB_ORDERS)} via the outbox); the SMTP sink accepted {smtp['accepted']}, "
         f"answered 451 x{replies.get('451', 0)} and 550 x{replies.get('550', 0)}",
+        f"  outbox          {s['outbox']['published']} rows committed with their orders and "
+        f"published by the relay; {s['outbox']['pending']} pending "
+        f"(lag {s['outbox']['lag_seconds']:.1f}s)",
         f"  retries         {len(s['retries'])}, each after its own jittered backoff:",
     ]
     for r in s["retries"]:

@@ -194,7 +194,9 @@ def replay_the_receipt(fleet: Fleet, observer: Observer, facts: dict[str, Any]) 
 
     records = app.store.list_dead_letters(limit=100)
     receipt = next(r for r in records if r.task == "email.send_receipt.v2")
-    payment = next(r for r in records if r.task == "payments.apply_event.v1")
+    payment = next(
+        r for r in records if r.task == "payments.apply_event.v1" and r.category == "permanent"
+    )
     fix_address()
     argv = ["dlq", "replay", receipt.id, "--reason", REPLAY_REASON, "--actor", REPLAY_ACTOR]
     observer.say(
@@ -214,7 +216,7 @@ def replay_the_receipt(fleet: Fleet, observer: Observer, facts: dict[str, Any]) 
         "refused": {"dead_letter_id": payment.id, "exit": refused_code, "why": refused.strip()},
     }
     observer.say(out.strip())
-    why = refused.strip().split(": ", 2)[-1].split(" (", 1)[0]
+    why = next((p for p in refused.split(": ") if "replayable" in p), refused).split(" (")[0]
     observer.say(f"a replay of the unknown payment is refused (exit {refused_code}): {why}")
 
 

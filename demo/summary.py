@@ -66,6 +66,13 @@ def _shop() -> dict[str, Any]:
         }
 
 
+def _outbox() -> dict[str, Any]:
+    from conventions import outbox
+    from tasks import db
+
+    return outbox.status(db.engine()).to_dict()
+
+
 def _sink(folder: Path) -> dict[str, Any]:
     lines = [json.loads(x) for x in (folder / "log.jsonl").read_text().splitlines() if x]
     replies = Counter(str(line["reply"]) for line in lines)
@@ -142,6 +149,7 @@ def collect(fleet: Fleet, observer: Observer, facts: dict[str, Any], redis: bool
             "absorbed_by_ledger": events.get("skipped_duplicate", {}).get(PAYMENT, 0),
         },
         "shop": _shop(),
+        "outbox": _outbox(),
         "smtp": _sink(fleet.data / "mail"),
         "retries": _retries(audit),
         "dead_letters": _dead_letters(app),
@@ -178,6 +186,8 @@ def checks(s: dict[str, Any]) -> dict[str, bool]:
     found = {
         "every duplicate webhook absorbed": s["duplicates"]["absorbed"] == s["duplicates"]["sent"],
         "no payment applied twice": shop["paid_twice"] == 0,
+        "the relay published every outbox row": s["outbox"]["published"] == len(story.WEB_ORDERS)
+        and s["outbox"]["pending"] == 0,
         "one receipt per paid order": shop["receipts"] == shop["paid"] == expected_receipts,
         "the sink got each receipt once": smtp["accepted"]
         == smtp["accepted_unique"]

@@ -124,9 +124,11 @@ def assert_numbers_are_true(s: dict[str, Any]) -> None:
         assert categories == Counter({"permanent": 2, "unparseable": 1})
         dead_receipt = next(r for r in records if r.task == receipt)
         assert dead_receipt.replayed_at is not None
-        assert (
-            next(r for r in records if r.task == payment and r.category == "permanent").replayed_at
-            is None
+        unknown = next(r for r in records if r.task == payment and r.category == "permanent")
+        assert unknown.replayed_at is None  # replayable=False: refused without --force
+        assert (s["replay"]["refused"]["dead_letter_id"], s["replay"]["refused"]["exit"]) == (
+            unknown.id,
+            1,
         )
         replayed = [
             e for e in store.audit_for(str(dead_receipt.correlation_id)) if e.event == "replayed"
