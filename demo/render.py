@@ -58,9 +58,10 @@ def _dead(s: dict[str, Any]) -> list[str]:
         after = "  -> replayed" if record["replayed"] else ""
         if record["id"] == s["replay"]["refused"]["dead_letter_id"]:
             after = "  -> replay refused (replayable=False: it moves money)"
-        lines.append(
-            f"  {record['category']:<11} {record['task']:<24} {record['message'][:56]}{after}"
-        )
+        message = record["message"]
+        if record["category"] == "unparseable":  # the decoder's own words add nothing here
+            message = message.split(": ", 1)[0]
+        lines.append(f"  {record['category']:<11} {record['task']:<24} {message[:56]}{after}")
     return lines
 
 
