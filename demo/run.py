@@ -69,22 +69,11 @@ def start(fleet: Fleet, redis: bool) -> dict[str, Any]:
     """The SMTP sink and the web app first (their ports are free ones they picked), then
     the relay, the two lanes' workers and, on Redis, the metrics exporter."""
     mail, data = fleet.data / "mail", fleet.data
-    fleet.start(
-        "smtp",
-        [
-            "-m",
-            "demo.smtp_sink",
-            "--dir",
-            str(mail),
-            "--flaky",
-            str(story.FLAKY),
-            "--reject-domain",
-            story.BAD_DOMAIN,
-        ],
-    )
-    fleet.start(
-        "web", ["-m", "demo.webapp", "--port-file", str(data / "web.port"), "--log-format", "json"]
-    )
+    sink = ["-m", "demo.smtp_sink", "--dir", str(mail), "--flaky", str(story.FLAKY),
+            "--reject-domain", story.BAD_DOMAIN]  # fmt: skip
+    fleet.start("smtp", sink)
+    fleet.start("web", ["-m", "demo.webapp", "--port-file", str(data / "web.port"),
+                        "--log-format", "json"])  # fmt: skip
     fleet.wait_for("smtp", (mail / "port").exists)
     smtp = int((mail / "port").read_text())
     fleet.env["SMTP_URL"] = f"smtp://127.0.0.1:{smtp}"
@@ -94,21 +83,9 @@ def start(fleet: Fleet, redis: bool) -> dict[str, Any]:
     ports: dict[str, Any] = {"smtp": smtp}
     if redis:
         ports["metrics"] = free_port()
-        fleet.start(
-            "metrics",
-            [
-                "-m",
-                "conventions",
-                "-A",
-                "tasks",
-                "metrics",
-                "serve",
-                "--addr",
-                "127.0.0.1",
-                "--port",
-                str(ports["metrics"]),
-            ],
-        )
+        exporter = ["-m", "conventions", "-A", "tasks", "metrics", "serve",
+                    "--addr", "127.0.0.1", "--port", str(ports["metrics"])]  # fmt: skip
+        fleet.start("metrics", exporter)
     fleet.wait_for("web", (data / "web.port").exists)
     ports["web"] = int((data / "web.port").read_text())
     fleet.wait_for_line("relay", b"publishing from")
@@ -131,6 +108,29 @@ def scrape(port: int) -> dict[str, Any]:
     return {"url": url, "totals": totals}
 
 
+def busy_day(fleet: Fleet, observer: Any, base: str, facts: dict[str, Any]) -> None:
+    """Orders, the webhook burst, the poison message, the failures and the replay."""
+    from demo.summary import EXPECTED_DEAD
+
+    story.place_orders(base, facts)
+    observer.say(f"{len(story.WEB_ORDERS)} orders placed via POST /orders: order and "
+                 "receipt job in one transaction (outbox), the relay publishes")  # fmt: skip
+    story.webhook_burst(base, facts)
+    hooks = facts["webhooks"]
+    observer.say(f"{hooks['posted']} payment webhooks posted at once: {hooks['events']} "
+                 f"events, {hooks['duplicates_sent']} re-deliveries, 1 unknown event, "
+                 f"{len(hooks['refused'])} refused (400)")  # fmt: skip
+    story.push_poison(facts)
+    observer.say("a poison message (JSON cut short) pushed straight into the email queue")
+    good, dead = len(story.WEB_ORDERS) - 1 + story.WEBHOOK_EVENTS, sum(EXPECTED_DEAD.values())
+    story.settle(observer, receipts=good, dead=dead)
+    observer.say(f"settled: {good} receipts sent, dead letters kept" + observer.queue_line())
+    story.late_redelivery(base, facts)
+    observer.say("evt_0001's webhook arrives once more, long after it was applied")
+    story.replay_the_receipt(fleet, observer, facts)
+    story.settle(observer, receipts=good + 1, dead=dead, skipped=1)
+
+
 def play(fleet: Fleet, place: where.Place, started: float) -> dict[str, Any]:
     """The scenario, then the summary's numbers (read before the processes stop)."""
     from demo import summary
@@ -141,48 +141,14 @@ def play(fleet: Fleet, place: where.Place, started: float) -> dict[str, Any]:
     observer = Observer(place.redis, started)
     facts: dict[str, Any] = {"where": place.where, "redis": place.redis, "ports": ports}
     try:
-        observer.say(
-            f"started: smtp sink :{ports['smtp']} (451 to its first {story.FLAKY} "
-            f"mails), web app :{ports['web']}, outbox relay, email worker (-c 4), "
-            "heavy worker (-c 1)" + (", metrics exporter" if place.redis else "")
-        )
-        base = f"http://127.0.0.1:{ports['web']}"
-        story.place_orders(base, facts)
-        observer.say(
-            f"{len(story.WEB_ORDERS)} orders placed via POST /orders: order and "
-            "receipt job in one transaction (outbox), the relay publishes"
-        )
-        story.webhook_burst(base, facts)
-        hooks = facts["webhooks"]
-        observer.say(
-            f"{hooks['posted']} payment webhooks posted at once: {hooks['events']} events"
-            f", {hooks['duplicates_sent']} re-deliveries, 1 unknown event, "
-            f"{len(hooks['refused'])} refused (400)"
-        )
-        story.push_poison(facts)
-        observer.say("a poison message (JSON cut short) pushed straight into the email queue")
-        good = len(story.WEB_ORDERS) - 1 + story.WEBHOOK_EVENTS
-        story.settle(observer, receipts=good, dead=sum(summary.EXPECTED_DEAD.values()))
-        observer.say(f"settled: {good} receipts sent, dead letters kept" + observer.queue_line())
-        story.late_redelivery(base, facts)
-        observer.say("evt_0001's webhook arrives once more, long after it was applied")
-        story.replay_the_receipt(fleet, observer, facts)
-        story.settle(
-            observer, receipts=good + 1, dead=sum(summary.EXPECTED_DEAD.values()), skipped=1
-        )
-        fleet.start(
-            "beat",
-            [
-                "-m",
-                "celery",
-                "-A",
-                "tasks",
-                "beat",
-                "--loglevel=INFO",
-                "-s",
-                str(fleet.data / "celerybeat-schedule"),
-            ],
-        )
+        exporter = ", metrics exporter" if place.redis else ""
+        observer.say(f"started: smtp sink :{ports['smtp']} (451 to its first {story.FLAKY} "
+                     f"mails), web app :{ports['web']}, outbox relay, email worker (-c 4), "
+                     f"heavy worker (-c 1){exporter}")  # fmt: skip
+        busy_day(fleet, observer, f"http://127.0.0.1:{ports['web']}", facts)
+        beat = ["-m", "celery", "-A", "tasks", "beat", "--loglevel=INFO",
+                "-s", str(fleet.data / "celerybeat-schedule")]  # fmt: skip
+        fleet.start("beat", beat)
         story.follow_report(fleet, observer, facts)
         if place.redis:
             facts["metrics"] = scrape(ports["metrics"])
@@ -210,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("demo: interrupted; stopping every process it started", flush=True)
         return 130
+    except RuntimeError as exc:  # a step did not happen in time: say which, and where to look
+        print(f"demo: {exc}\ndemo: every process's log is in .demo/logs/", flush=True)
+        return 1
     finally:
         stopped = fleet.stop_all()
     result["stopped_in"] = stopped

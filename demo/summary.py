@@ -169,11 +169,7 @@ def collect(fleet: Fleet, observer: Observer, facts: dict[str, Any], redis: bool
         out["duplicates"]["absorbed_at_publish"] + out["duplicates"]["absorbed_by_ledger"]
     )
     if redis:
-        out["queues"] = {
-            "peaks": observer.peaks,
-            "samples": observer.samples,
-            "now": fleet.cli(["queues"])[1].rstrip(),
-        }
+        out["queues"] = {"peaks": observer.peaks, "samples": observer.samples}
     out["checks"] = checks(out)
     return out
 
