@@ -37,7 +37,7 @@ test: install services lint typecheck docs
 	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance -p no:cacheprovider
 
 demo: install
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 bench: install services
 	$(BIN)/python -m bench

@@ -13,6 +13,7 @@ this module exists to avoid.
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass
 
@@ -84,5 +85,9 @@ class Backoff:
 
 
 # A private generator, not the ``random`` module's global one: drawing delays never
-# disturbs (or depends on) a seed the application set for its own purposes.
+# disturbs (or depends on) a seed the application set for its own purposes. Reseeded in
+# every forked child, as ``random`` does for its own: Celery's prefork pool forks after
+# import, and children sharing one state would draw the same "jittered" delays.
 _RANDOM = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_RANDOM.seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import FrozenInstanceError
 from statistics import mean
@@ -116,3 +117,20 @@ def test_an_invalid_backoff_is_refused_at_definition(kwargs: dict[str, float]) -
 
 def test_a_zero_base_gives_immediate_retries() -> None:
     assert Backoff(base=0.0).delay(3) == 0.0
+
+
+def test_forked_children_draw_different_delays() -> None:
+    """A prefork pool forks after import: each child must jitter on its own, or the retries
+    of jobs that failed together come back together."""
+    reads = []
+    for _ in range(2):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one draw, written back, then out without cleanup
+            os.write(write, repr(BACKOFF.delay(5)).encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as pipe:
+            reads.append(float(pipe.read()))
+    assert reads[0] != reads[1]

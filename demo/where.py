@@ -1,0 +1,81 @@
+"""Where the demo runs: the broker and store it picks, as environment for every process.
+
+``REDIS_URL``/``CELERY_BROKER_URL`` when set; else a Redis on localhost:6379 when one
+answers (databases ``DEMO_REDIS_DBS``, default ``3,4``: the broker and results, then the
+layer's store, both emptied first); else the embedded default (Celery's filesystem
+transport and SQLite under ``.demo/``). ``--embedded`` skips the Redis look.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".demo"
+#: the Redis databases used when the demo finds a Redis on localhost
+DEFAULT_REDIS_DBS = (3, 4)
+
+
+@dataclass
+class Place:
+    """The choice, said in words, and the environment every process of the demo gets."""
+
+    where: str
+    env: dict[str, str]
+    #: True when the broker is Redis (queue ages, metrics and Flower work)
+    redis: bool
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+def redis_dbs(text: str | None) -> tuple[int, int]:
+    """``"2,3"`` -> (2, 3): the broker's database, then the store's (they must differ)."""
+    if not text:
+        return DEFAULT_REDIS_DBS
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or parts[0] == parts[1]:
+        raise SystemExit(f"DEMO_REDIS_DBS={text!r}: give two different numbers, e.g. 2,3")
+    return int(parts[0]), int(parts[1])
+
+
+def _local_redis(dbs: tuple[int, int]) -> bool:
+    """A Redis answers on localhost:6379: empty the demo's two databases and say yes."""
+    try:
+        import redis
+
+        for db in dbs:
+            client = redis.Redis(host="127.0.0.1", port=6379, db=db, socket_connect_timeout=0.5)
+            try:
+                client.flushdb()
+            finally:
+                client.close()
+    except Exception:
+        return False
+    return True
+
+
+def choose(embedded: bool = False) -> Place:
+    """Which broker and store the demo runs on (see the module's docstring)."""
+    env: dict[str, str] = {
+        "CONVENTIONS_DATA_DIR": str(DATA),
+        "DATABASE_URL": os.environ.get("DATABASE_URL") or f"sqlite:///{DATA / 'shop.sqlite3'}",
+    }
+    sqlite_store = f"sqlite:///{DATA / 'store.sqlite3'}"
+    given = (
+        None if embedded else (os.environ.get("CELERY_BROKER_URL") or os.environ.get("REDIS_URL"))
+    )
+    if given:
+        env["CONVENTIONS_STORE_URL"] = os.environ.get("CONVENTIONS_STORE_URL", sqlite_store)
+        redis = given.startswith(("redis://", "rediss://"))
+        return Place(f"the broker you configured ({given.split('@')[-1]})", env, redis)
+    dbs = redis_dbs(os.environ.get("DEMO_REDIS_DBS"))
+    if not embedded and _local_redis(dbs):
+        env["REDIS_URL"] = f"redis://127.0.0.1:6379/{dbs[0]}"
+        env["CONVENTIONS_STORE_URL"] = f"redis://127.0.0.1:6379/{dbs[1]}"
+        return Place(f"Redis on localhost:6379 (databases {dbs[0]} and {dbs[1]})", env, True)
+    env["CELERY_BROKER_URL"] = "filesystem://"
+    env["CONVENTIONS_STORE_URL"] = sqlite_store
+    where = "the embedded default: Celery's filesystem transport + SQLite in .demo/"
+    return Place(where, env, False)
