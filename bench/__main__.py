@@ -37,8 +37,8 @@ class Sizes:
 
 FULL = Sizes(rounds=5, publish=300, drain=20_000, options=5_000, latency=300, peers=5_000,
              backlog=100_000, growth=1_000, profile=1_000)  # fmt: skip
-QUICK = Sizes(rounds=5, publish=150, drain=2_000, options=500, latency=100, peers=500,
-              backlog=20_000, growth=300, profile=200)  # fmt: skip
+QUICK = Sizes(rounds=5, publish=150, drain=2_000, options=400, latency=100, peers=400,
+              backlog=20_000, growth=200, profile=200)  # fmt: skip
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -17,23 +17,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import common
 from conventions import App, Id, JobContext, Payload, routing
 
-#: what ``lean`` turns off: results nobody reads, the STARTED state, the "sent" event
-LEAN: dict[str, Any] = {
-    "task_ignore_result": True,
-    "task_track_started": False,
-    "task_send_sent_event": False,
-}
 #: each variant's settings on top of the reliable profile; the codec and the Redis
 #: parser are process-wide, so ``bench.launch`` sets those (see ``bench.drain``)
 VARIANTS: dict[str, dict[str, Any]] = {
     "conv": {},
-    "lean": LEAN,
+    "lean": common.LEAN,
     "conv_orjson": {},
     "conv_hiredis": {},
-    "lean_fast": LEAN,
-    "tuned": {**LEAN, "worker_prefetch_multiplier": 4},
+    "lean_fast": common.LEAN,
+    "tuned": common.TUNED,
+    "quiet": common.QUIET,
 }
 
 
@@ -81,3 +77,4 @@ conv_orjson = make("conv_orjson")
 conv_hiredis = make("conv_hiredis")
 lean_fast = make("lean_fast")
 tuned = make("tuned")
+quiet = make("quiet")

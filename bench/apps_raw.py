@@ -2,8 +2,9 @@
 
 ``raw`` carries the same reliability settings as ``celeryconfig`` (a unit test
 checks that they stay equal); ``default`` is Celery as it comes: early acks, prefetch 4,
-no result backend, no events. The task takes the same id-only keyword argument as the
-convention task and does nothing.
+no result backend, no events; ``raw_tuned`` is ``raw`` with the options of the convention
+variant ``tuned`` (no results, no STARTED state, no sent event, prefetch 4). The task
+takes the same id-only keyword argument as the convention task and does nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 from celery import Celery
 from kombu import Queue
+
+from bench import common
 
 #: the reliable profile of ``celeryconfig`` (routing and the layer's own settings aside)
 RELIABLE: dict[str, Any] = {
@@ -72,3 +75,4 @@ def make(variant: str, settings: dict[str, Any] | None) -> Celery:
 
 raw = make("raw", RELIABLE)
 default = make("default", None)
+raw_tuned = make("raw_tuned", {**RELIABLE, **common.TUNED})

@@ -14,6 +14,21 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+#: what the ``lean`` variants turn off: results nobody reads, the STARTED state, the
+#: "sent" event (``bench.apps`` and ``bench.apps_raw`` both use it)
+LEAN: dict[str, Any] = {
+    "task_ignore_result": True,
+    "task_track_started": False,
+    "task_send_sent_event": False,
+}
+#: ``tuned``: lean, and Celery's default prefetch (4 per process), still with late acks
+TUNED: dict[str, Any] = {**LEAN, "worker_prefetch_multiplier": 4}
+#: ``quiet``: tuned, and no task events (Flower then shows workers, not tasks)
+QUIET: dict[str, Any] = {**TUNED, "worker_send_task_events": False}
+#: the raw Celery variants (``bench.apps_raw``); the others are convention apps or peers
+RAW = ("raw", "default", "raw_tuned")
 
 #: the repository root (subprocesses run from it)
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import drain, procs
+from bench import common, drain, procs
+from bench.publisher import Producer
 
 #: the parts of a job reported, as (label, file suffix, function name)
 PARTS: list[tuple[str, str, str]] = [
@@ -39,6 +40,19 @@ PARTS: list[tuple[str, str, str]] = [
 ]
 
 
+#: the parts of a publish reported, like :data:`PARTS`
+PUBLISH_PARTS: list[tuple[str, str, str]] = [
+    ("whole .delay()", "celery/app/task.py", "delay"),
+    ("  Celery's send_task (message, routing, events)", "celery/app/base.py", "send_task"),
+    ("    task-sent event published", "celery/events/dispatcher.py", "publish"),
+    ("  layer: store.reserve (1 round trip)", "conventions/store/redis.py", "reserve"),
+    ("  layer: payload validation (pydantic)", "conventions/payloads.py", "parse"),
+    ("  layer: headers from the context", "conventions/context.py", "outgoing"),
+    ("  layer: audit event built", "conventions/audit.py", "event"),
+    ("redis-py client objects built (kombu makes them)", "redis/client.py", "__init__"),
+]
+
+
 def cumulative(stats: pstats.Stats, suffix: str, name: str) -> float:
     """Cumulative seconds of every function ``name`` in a file ending with ``suffix``."""
     table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
@@ -49,12 +63,24 @@ def cumulative(stats: pstats.Stats, suffix: str, name: str) -> float:
     )
 
 
-def summary(stats: pstats.Stats, jobs: int) -> list[str]:
+def summary(stats: pstats.Stats, jobs: int, parts: list[tuple[str, str, str]] = PARTS) -> list[str]:
     """The parts of one job, in microseconds per job (under the profiler)."""
     return [
         f"{label:<52} {cumulative(stats, suffix, name) / jobs * 1e6:8.0f} us/job"
-        for label, suffix, name in PARTS
+        for label, suffix, name in parts
     ]
+
+
+def profile_publish(name: str, n: int) -> pstats.Stats:
+    """``n`` publishes of variant ``name`` in a profiled producer process."""
+    out = procs.LOG_DIR / f"profile-publish-{name}.pstats"
+    out.unlink(missing_ok=True)
+    producer = Producer(name, ("--no-hiredis", "--profile", str(out)))
+    try:
+        producer.publish(n)
+    finally:
+        producer.close()
+    return pstats.Stats(str(out))
 
 
 def profile(client: Any, name: str, n: int) -> pstats.Stats:
@@ -65,7 +91,7 @@ def profile(client: Any, name: str, n: int) -> pstats.Stats:
     drain.fill(client, [item], n)
     client.rename(item.hold, item.queue)
     flags = drain.CONV_FLAGS.get(name, ("--no-hiredis",))
-    app = f"bench.apps_raw:{name}" if name in ("raw", "default") else f"bench.apps:{name}"
+    app = f"bench.apps_raw:{name}" if name in common.RAW else f"bench.apps:{name}"
     worker = procs.celery_worker(
         f"profile-{name}", app, item.queue, pool="solo", concurrency=1,
         launch=(*flags, "--profile", str(out)),
@@ -82,15 +108,28 @@ def profile(client: Any, name: str, n: int) -> pstats.Stats:
     return pstats.Stats(str(Path(out)))
 
 
+def side_by_side(results: dict[str, list[str]], parts: list[tuple[str, str, str]]) -> list[str]:
+    lines = [f"{'part':<52} " + " ".join(f"{name:>15}" for name in results)]
+    for i, (label, _, _) in enumerate(parts):
+        cells = [got[i].split()[-2] for got in results.values()]
+        lines.append(f"{label:<52} " + " ".join(f"{c:>9} us/job" for c in cells))
+    return lines
+
+
 def section(
     client: Any, n: int, variants: tuple[str, ...] = ("conv", "raw", "default")
 ) -> list[str]:
     """The profile summary of each variant, side by side per part."""
     client.flushdb()
-    results = {name: summary(profile(client, name, n), n) for name in variants}
+    worker = {name: summary(profile(client, name, n), n) for name in variants}
     client.flushdb()
-    lines = [f"{'part':<52} " + " ".join(f"{name:>15}" for name in variants)]
-    for i, (label, _, _) in enumerate(PARTS):
-        cells = [results[name][i].split()[-2] for name in variants]
-        lines.append(f"{label:<52} " + " ".join(f"{c:>9} us/job" for c in cells))
-    return lines
+    publish = {
+        name: summary(profile_publish(name, n), n, PUBLISH_PARTS) for name in ("conv", "raw")
+    }
+    client.flushdb()
+    return [
+        *side_by_side(worker, PARTS),
+        "",
+        "publish side (the producer process):",
+        *side_by_side(publish, PUBLISH_PARTS),
+    ]

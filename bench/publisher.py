@@ -18,14 +18,12 @@ from typing import Any
 
 Publish = Callable[[str], object]
 
-#: the raw Celery variants (:mod:`bench.apps_raw`); the convention ones are in
-#: :data:`bench.apps.VARIANTS`, the peers in :data:`bench.peer_apps.PEERS`
-RAW = ("raw", "default")
-
 
 def publisher(variant: str) -> Publish:
     """The ``.delay()`` (or the peer's equivalent) of ``variant``'s no-op job."""
-    if variant in RAW:
+    from bench import common
+
+    if variant in common.RAW:
         from bench import apps_raw
 
         raw_task = getattr(apps_raw, variant).tasks[f"bench.noop_{variant}"]
@@ -66,6 +64,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("variant")
     parser.add_argument("--orjson", action="store_true")
     parser.add_argument("--no-hiredis", action="store_true")
+    parser.add_argument("--profile", help="write the publishes' cProfile stats here at the end")
     opts = parser.parse_args(argv)
     if opts.no_hiredis:
         sys.modules["hiredis"] = None  # type: ignore[assignment]
@@ -75,6 +74,18 @@ def main(argv: list[str]) -> None:
         codec.install()
     publish = publisher(opts.variant)
     print("ready", flush=True)
+    if opts.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.runcall(serve, publish)
+        profiler.dump_stats(opts.profile)
+    else:
+        serve(publish)
+
+
+def serve(publish: Publish) -> None:
+    """Answer the harness's commands on stdin until ``quit``."""
     for line in sys.stdin:
         command = line.split()
         if not command or command[0] == "quit":
