@@ -147,8 +147,31 @@ def drain_slice(client: Any, item: Target, n: int, skip: int, timeout: float) ->
     return remaining / elapsed if elapsed > 0 else float("nan")
 
 
+#: jobs each worker takes before the measuring starts (imports, connections, forks)
+WARM = 50
+#: the variants whose jobs leave a Celery result behind
+STORES_RESULTS = frozenset({"conv", "raw", "conv_orjson", "conv_hiredis"})
+
+
+def verify(client: Any, names: Sequence[str], jobs: int) -> str:
+    """Did every job run through its path? Ledger entries (convention variants) and
+    stored results, counted in Redis against what ``jobs`` per variant must leave."""
+
+    def count(pattern: str) -> int:
+        return sum(1 for _ in client.scan_iter(match=pattern, count=10_000))
+
+    ledger = sum(jobs for name in names if name not in common.RAW)
+    results = sum(jobs for name in names if name in STORES_RESULTS)
+    got_ledger, got_results = count("cc:ledger:*"), count("celery-task-meta-*")
+    verdict = "verified" if (got_ledger, got_results) == (ledger, results) else "MISMATCH"
+    return (
+        f"{verdict}: {got_ledger:,} ledger entries (expected {ledger:,}), "
+        f"{got_results:,} stored results (expected {results:,})"
+    )
+
+
 def run(
-    client: Any, targets: Sequence[Target], n: int, rounds: int, *, warm: int = 50
+    client: Any, targets: Sequence[Target], n: int, rounds: int, *, warm: int = WARM
 ) -> dict[str, list[float]]:
     """Fill every target, start its worker, then drain it in ``rounds`` interleaved slices;
     every target's rate (jobs/s) per round."""
@@ -208,6 +231,7 @@ def section(report: Report, client: Any, *, n: int, rounds: int) -> None:
     """The main drain: conventions vs raw Celery (same settings, and its defaults)."""
     client.flushdb()
     rates = run(client, [target(name) for name in MAIN], n, rounds)
+    report.notes.append(f"drain: {verify(client, MAIN, WARM + n // rounds * rounds)}")
     report.add(ratio_row("drain", rates, "conv", "raw", ">= 0.85"))
     report.add(ratio_row("drain", rates, "conv", "default"))
     report.add(ratio_row("drain", rates, "raw", "default"))
@@ -219,6 +243,7 @@ def options_section(report: Report, client: Any, *, n: int, rounds: int) -> None
     """What recovers the cost: each option's drain rate against the plain layer."""
     client.flushdb()
     rates = run(client, [target(name) for name in OPTIONS], n, rounds)
+    report.notes.append(f"options: {verify(client, OPTIONS, WARM + n // rounds * rounds)}")
     for name in OPTIONS[1:-2]:  # each option against the plain layer
         report.add(ratio_row("options", rates, name, "conv"))
     report.add(ratio_row("options", rates, "tuned", "raw_tuned", ">= 0.85"))
