@@ -39,8 +39,10 @@ test: install services lint typecheck docs
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
+# benchmarks (never part of `make test`): BENCH_ARGS="--quick" or sections, e.g. "drain peers"
 bench: install services
-	$(BIN)/python -m bench
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf .demo build *.egg-info .mypy_cache .ruff_cache

@@ -1,70 +1,120 @@
-"""``python -m bench``: publish cost of a convention task vs a raw Celery task.
+"""``python -m bench [SECTION ...] [--quick]``: the benchmarks against raw Celery and peers.
 
-Both publish the same id-only kwargs to the same Redis, interleaved A/B/A/B, with the
-reliable profile on both apps; nothing consumes (the queues are emptied between rounds).
-Prints the median time per ``.delay()`` of each and their ratio (raw / conventions: the
-target is >= 0.85).
+Sections (all by default, in this order): ``publish``, ``drain``, ``options``,
+``latency``, ``peers``, ``growth``, ``store``, ``profile``. Every comparison is interleaved
+(A B A B ..., at least 5 rounds) and reported as the median of its per-round ratios: the
+machines are shared and noisy, absolute times are not. ``--quick`` shrinks every size
+(a few minutes); the full run takes about 15. The results print as Markdown (``--out``
+writes them to a file, ``--json`` as data). Redis: ``BENCH_REDIS_URL`` (default DB 14),
+emptied by the run. Never part of ``make test``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
+import sys
 import time
-import uuid
-from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-DB = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
-os.environ["REDIS_URL"] = DB
-os.environ["CONVENTIONS_STORE_URL"] = DB
-os.environ.pop("CELERY_BROKER_URL", None)
-
-import redis  # noqa: E402
-from celery import Celery  # noqa: E402
-
-from tasks import app  # noqa: E402
-from tasks.receipts import send_receipt  # noqa: E402
-
-raw = Celery("raw", broker=DB, backend=DB)
-raw.config_from_object("celeryconfig")
+SECTIONS = ("publish", "drain", "options", "latency", "peers", "growth", "store", "profile")
 
 
-@raw.task(name="raw.send_receipt")
-def raw_send_receipt(order_id: str) -> None:
-    """The same job without the layer (never run here)."""
+@dataclass(frozen=True)
+class Sizes:
+    """How much each section does."""
+
+    rounds: int
+    publish: int
+    drain: int
+    options: int
+    latency: int
+    peers: int
+    backlog: int
+    growth: int
+    profile: int
 
 
-def timed(publish: Callable[[str], object], n: int) -> float:
-    """Seconds per publish over ``n`` publishes with fresh ids."""
-    ids = [f"ord_{uuid.uuid4().hex[:12]}" for _ in range(n)]
-    start = time.perf_counter()
-    for order_id in ids:
-        publish(order_id)
-    return (time.perf_counter() - start) / n
+FULL = Sizes(rounds=5, publish=300, drain=20_000, options=5_000, latency=300, peers=5_000,
+             backlog=100_000, growth=1_000, profile=1_000)  # fmt: skip
+QUICK = Sizes(rounds=5, publish=150, drain=2_000, options=400, latency=100, peers=400,
+              backlog=20_000, growth=200, profile=200)  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pairs", type=int, default=7)
-    parser.add_argument("--n", type=int, default=500, help="publishes per measurement")
-    args = parser.parse_args()
-    client = redis.Redis.from_url(DB)
-    client.flushdb()
-    ours, theirs = [], []
-    timed(lambda o: send_receipt.delay(order_id=o), 50)  # warm both connections
-    timed(lambda o: raw_send_receipt.delay(order_id=o), 50)
-    for _ in range(args.pairs):
-        ours.append(timed(lambda o: send_receipt.delay(order_id=o), args.n))
-        theirs.append(timed(lambda o: raw_send_receipt.delay(order_id=o), args.n))
-        client.flushdb()
-    a, b = statistics.median(ours), statistics.median(theirs)
-    print(f"publish  conventions {a * 1e6:8.1f} us/job   raw celery {b * 1e6:8.1f} us/job")
-    print(f"publish  ratio raw/conventions = {b / a:.2f}  (target >= 0.85; {args.pairs} pairs)")
-    client.flushdb()
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("sections", nargs="*", metavar="SECTION",
+                        help=f"one or more of {', '.join(SECTIONS)} (default: all)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (at least 5 counts)")
+    parser.add_argument("--out", type=Path, help="also write the Markdown report here")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.sections if name not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
+    args.sections = [name for name in SECTIONS if name in args.sections] or list(SECTIONS)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this run."""
+    parts = ["python -m bench", *args.sections]
+    if args.sections == list(SECTIONS):
+        parts = ["python -m bench"]
+    if args.quick:
+        parts.append("--quick")
+    if args.rounds is not None:
+        parts.append(f"--rounds {args.rounds}")
+    return " ".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    from bench import common
+
+    common.use_bench_env()
+    import redis
+
+    from bench import drain, growth, growth_store, latency, peers, profile, publish
+    from bench.report import Report
+
+    sizes = QUICK if args.quick else FULL
+    rounds = args.rounds or sizes.rounds
+    report = Report(command=command_line(args))
+    client = redis.Redis.from_url(common.url())
+    runs = {
+        "publish": lambda: publish.section(report, client, n=sizes.publish, rounds=rounds),
+        "drain": lambda: drain.section(report, client, n=sizes.drain, rounds=rounds),
+        "options": lambda: drain.options_section(report, client, n=sizes.options, rounds=rounds),
+        "latency": lambda: latency.section(report, client, samples=sizes.latency),
+        "peers": lambda: peers.section(report, client, n=sizes.peers, rounds=rounds),
+        "growth": lambda: growth.section(
+            report, client, size=sizes.backlog, n=sizes.growth, rounds=rounds
+        ),
+        "store": lambda: growth_store.section(
+            report, client, size=sizes.backlog, n=sizes.growth, rounds=rounds
+        ),
+        "profile": lambda: report.profile.extend(profile.section(client, sizes.profile)),
+    }
+    for name in args.sections:
+        start = time.monotonic()
+        print(f"# {name} ...", file=sys.stderr, flush=True)
+        runs[name]()
+        report.notes.append(f"{name}: {time.monotonic() - start:.0f} s")
     client.close()
-    app.store.close()
+    text = report.markdown()
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    if args.json:
+        report.save(args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,80 @@
+"""The convention apps the benchmarks run (worker side and publish side).
+
+Every app starts from ``celeryconfig`` (the reliable profile: late acks, reject on worker
+lost, prefetch 1, events on, results with ``result_extended``, ``track_started``) and
+changes only its routing, so that each variant has its own queue on the same Redis
+database and several workers can stay up side by side. ``lean`` also turns off what a
+job's caller rarely reads: stored results, the STARTED state and the "sent" event;
+``tuned`` adds Celery's default prefetch (4 per process) to that, still with late acks.
+The job body does nothing: what is measured is the cost of the machinery around it, the
+worst case for the ratio.
+
+Raw Celery lives in :mod:`bench.apps_raw`, which never imports ``conventions``: our
+``before_task_publish`` handler is process-wide and would otherwise run on raw publishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import common
+from conventions import App, Id, JobContext, Payload, routing
+
+#: each variant's settings on top of the reliable profile; the codec and the Redis
+#: parser are process-wide, so ``bench.launch`` sets those (see ``bench.drain``)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "conv": {},
+    "lean": common.LEAN,
+    "conv_orjson": {},
+    "conv_hiredis": {},
+    "lean_fast": common.LEAN,
+    "tuned": common.TUNED,
+    "quiet": common.QUIET,
+}
+
+
+class Noop(Payload):
+    """An id-only payload, the shape of most real jobs."""
+
+    order_id: Id
+
+
+def queue(variant: str) -> str:
+    """Each variant has its own queue on the shared benchmark database."""
+    return f"bench_{variant}"
+
+
+def task_name(variant: str) -> str:
+    """Each variant's own task name (Celery shares tasks between apps by name)."""
+    return f"bench.noop_{variant}.v1"
+
+
+def make(variant: str) -> App:
+    """A convention app on the reliable profile whose only workload goes to its queue."""
+    app = App(f"bench_{variant}")
+    app.config_from_object("celeryconfig")
+    workloads = {"bench": queue(variant)}
+    app.conf.update(
+        conventions_workloads=workloads,
+        conventions_workload_time_limits={"bench": 60.0},
+        conventions_retention_enabled=False,
+        task_queues=routing.queues_for(workloads),
+        task_routes=(routing.WorkloadRouter(workloads),),
+        task_default_queue=queue(variant),
+        **VARIANTS[variant],
+    )
+
+    @app.job(task_name(variant), payload=Noop, key="noop:{order_id}", workload="bench")
+    def noop(payload: Noop, ctx: JobContext) -> None:
+        """Nothing: the machinery around the body is what is measured."""
+
+    return app
+
+
+conv = make("conv")
+lean = make("lean")
+conv_orjson = make("conv_orjson")
+conv_hiredis = make("conv_hiredis")
+lean_fast = make("lean_fast")
+tuned = make("tuned")
+quiet = make("quiet")

@@ -1,0 +1,254 @@
+"""Drain throughput: a queue filled up front, emptied by real worker processes.
+
+Each variant (a convention app, raw Celery, a peer) has its own queue and its own worker,
+started once and kept up. Its ``n`` jobs are published before any measuring, by its own
+producer process, and held in a side list. The measuring is interleaved: one slice of
+``n / rounds`` jobs of each variant in turn (A B C A B C ..., the first one rotating),
+each slice moved into the worker's queue at once (one Lua script: the worker sees a full
+queue, not a trickle). A slice's rate is the jobs taken after the first ``skip`` over the
+time from then to the last completion (the queue empty and no job in flight: kombu's
+``unacked`` hash, dramatiq's message hash, rq's started registry). The report gives each
+round's ratio between variants and their median.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from bench import common, procs
+from bench.publisher import Producer
+from bench.report import Report, Row
+
+#: KEYS: hold, staging, queue. ARGV: how many. Moves the oldest ``n`` of the hold list
+#: into the queue at once (built in a staging list, then renamed: the worker never sees
+#: a half-filled queue). Returns how many were moved.
+MOVE = """
+local n = tonumber(ARGV[1])
+local items = redis.call('LRANGE', KEYS[1], -n, -1)
+for i = 1, #items, 1000 do
+  redis.call('RPUSH', KEYS[2], unpack(items, i, math.min(i + 999, #items)))
+end
+redis.call('LTRIM', KEYS[1], 0, -(#items + 1))
+if #items > 0 then redis.call('RENAME', KEYS[2], KEYS[3]) end
+return #items
+"""
+#: seconds between two looks at a draining queue
+POLL = 0.005
+
+
+@dataclass
+class Target:
+    """One thing to drain: its queue, its worker, its producer, its in-flight count."""
+
+    name: str
+    label: str
+    #: the Redis list the worker consumes
+    queue: str
+    start_worker: Callable[[], procs.Worker]
+    #: the ``bench.publisher`` variant and flags that fill it
+    producer: str
+    producer_flags: tuple[str, ...] = ("--no-hiredis",)
+    in_flight: Callable[[Any], int] = lambda client: int(client.hlen("unacked"))
+    #: a line of the worker's log that says it is consuming (when it has no ready file)
+    ready_marker: bytes | None = None
+    worker: procs.Worker | None = field(default=None, repr=False)
+
+    @property
+    def hold(self) -> str:
+        return f"bench:hold:{self.name}"
+
+
+def celery_target(name: str, label: str, app: str, queue: str, flags: Sequence[str]) -> Target:
+    """A Celery worker ``-P prefork -c 2`` on ``app``, started through ``bench.launch``."""
+    launch = tuple(flags)
+    return Target(
+        name=name,
+        label=label,
+        queue=queue,
+        start_worker=lambda: procs.celery_worker(name, app, queue, launch=launch),
+        producer=name,
+    )
+
+
+#: launch flags of each convention variant: what the process-wide options change
+CONV_FLAGS = {
+    "conv": ("--no-hiredis",),
+    "lean": ("--no-hiredis",),
+    "conv_orjson": ("--no-hiredis", "--orjson"),
+    "conv_hiredis": (),
+    "lean_fast": ("--orjson",),
+    "tuned": ("--orjson",),
+    "raw_tuned": ("--orjson",),
+    "quiet": ("--orjson",),
+}
+#: what each variant is, in the report
+LABELS = {
+    "conv": "conventions, reliable profile, Redis store",
+    "lean": "conventions + ignore_result, no STARTED state, no sent event",
+    "conv_orjson": "conventions + orjson codec",
+    "conv_hiredis": "conventions + hiredis",
+    "lean_fast": "conventions + lean + orjson + hiredis",
+    "tuned": "conventions + lean + orjson + hiredis + prefetch 4",
+    "raw": "raw Celery, same reliable settings",
+    "raw_tuned": "raw Celery + lean + orjson + hiredis + prefetch 4",
+    "quiet": "conventions + tuned + no task events",
+    "default": "raw Celery, its defaults",
+}
+
+
+def target(name: str) -> Target:
+    """The drain target called ``name`` (a convention variant, ``raw`` or ``default``)."""
+    if name in common.RAW:
+        flags = CONV_FLAGS.get(name, ("--no-hiredis",))
+        return celery_target(name, LABELS[name], f"bench.apps_raw:{name}", f"bench_{name}", flags)
+    return celery_target(
+        name, LABELS[name], f"bench.apps:{name}", f"bench_{name}", CONV_FLAGS[name]
+    )
+
+
+def fill(client: Any, targets: Sequence[Target], n: int) -> None:
+    """Publish ``n`` jobs of each target with its own producer, into its hold list."""
+    for item in targets:
+        producer = Producer(item.producer, item.producer_flags)
+        try:
+            producer.publish(n)
+        finally:
+            producer.close()
+        client.delete(item.hold)
+        if client.llen(item.queue) != n:
+            raise RuntimeError(f"{item.name}: {client.llen(item.queue)} jobs queued, not {n}")
+        client.rename(item.queue, item.hold)
+
+
+def drain_slice(client: Any, item: Target, n: int, skip: int, timeout: float) -> float:
+    """Move ``n`` held jobs into ``item``'s queue; jobs per second after the first ``skip``."""
+    mover = client.register_script(MOVE)
+    moved_at = time.perf_counter()
+    moved = int(mover(keys=[item.hold, f"bench:staging:{item.name}", item.queue], args=[n]))
+    started, remaining = moved_at, moved
+    counting = False
+    deadline = moved_at + timeout
+    while True:
+        waiting = int(client.llen(item.queue))
+        now = time.perf_counter()
+        if not counting and waiting <= moved - skip:
+            counting = True
+            started, remaining = now, waiting
+        if waiting == 0 and item.in_flight(client) == 0:
+            break
+        if now > deadline:
+            raise TimeoutError(f"{item.name}: {waiting} jobs still waiting after {timeout:.0f}s")
+        time.sleep(POLL)
+    elapsed = time.perf_counter() - started
+    return remaining / elapsed if elapsed > 0 else float("nan")
+
+
+#: jobs each worker takes before the measuring starts (imports, connections, forks)
+WARM = 50
+#: the variants whose jobs leave a Celery result behind
+STORES_RESULTS = frozenset({"conv", "raw", "conv_orjson", "conv_hiredis"})
+
+
+def verify(client: Any, names: Sequence[str], jobs: int) -> str:
+    """Did every job run through its path? Ledger entries (convention variants) and
+    stored results, counted in Redis against what ``jobs`` per variant must leave."""
+
+    def count(pattern: str) -> int:
+        return sum(1 for _ in client.scan_iter(match=pattern, count=10_000))
+
+    ledger = sum(jobs for name in names if name not in common.RAW)
+    results = sum(jobs for name in names if name in STORES_RESULTS)
+    got_ledger, got_results = count("cc:ledger:*"), count("celery-task-meta-*")
+    verdict = "verified" if (got_ledger, got_results) == (ledger, results) else "MISMATCH"
+    return (
+        f"{verdict}: {got_ledger:,} ledger entries (expected {ledger:,}), "
+        f"{got_results:,} stored results (expected {results:,})"
+    )
+
+
+def run(
+    client: Any, targets: Sequence[Target], n: int, rounds: int, *, warm: int = WARM
+) -> dict[str, list[float]]:
+    """Fill every target, start its worker, then drain it in ``rounds`` interleaved slices;
+    every target's rate (jobs/s) per round."""
+    fill(client, targets, n + warm)
+    try:
+        for item in targets:
+            item.worker = item.start_worker()
+        for item in targets:
+            assert item.worker is not None
+            item.worker.wait_ready(marker=item.ready_marker)
+        for item in targets:  # first jobs: imports, connections, forks
+            drain_slice(client, item, warm, 0, timeout=120)
+        size = n // rounds
+        skip = max(5, size // 50)
+        measure = {
+            item.name: partial(drain_slice, client, item, size, skip, size / 5 + 120)
+            for item in targets
+        }
+        rates = common.interleave(measure, rounds)
+        problems = [
+            f"{item.name}: {line}"
+            for item in targets
+            if item.worker is not None
+            for line in item.worker.errors()[:3]
+        ]
+        if problems:
+            raise RuntimeError("worker errors during the drain:\n" + "\n".join(problems))
+        return rates
+    finally:
+        for item in targets:
+            if item.worker is not None:
+                item.worker.stop()
+                item.worker = None
+        for item in targets:
+            client.delete(item.hold)
+
+
+#: the three variants of the main drain, and the options measured against ``conv``
+MAIN = ("conv", "raw", "default")
+OPTIONS = (
+    "conv", "lean", "conv_orjson", "conv_hiredis", "lean_fast", "tuned", "quiet", "raw_tuned",
+    "default",
+)  # fmt: skip
+
+
+def ratio_row(section: str, rates: dict[str, list[float]], a: str, b: str, target: str = "") -> Row:
+    """``a``'s rate over ``b``'s, round by round, and both medians."""
+    value = common.median(common.ratios(rates[a], rates[b]))
+    note = (
+        f"{LABELS.get(a, a)}: {common.median(rates[a]):,.0f} jobs/s; "
+        f"{LABELS.get(b, b)}: {common.median(rates[b]):,.0f} jobs/s"
+    )
+    return Row(section, f"{a} vs {b} (rate ratio)", value, "x", target, note)
+
+
+def section(report: Report, client: Any, *, n: int, rounds: int) -> None:
+    """The main drain: conventions vs raw Celery (same settings, and its defaults)."""
+    client.flushdb()
+    rates = run(client, [target(name) for name in MAIN], n, rounds)
+    report.notes.append(f"drain: {verify(client, MAIN, WARM + n // rounds * rounds)}")
+    report.add(ratio_row("drain", rates, "conv", "raw", ">= 0.85"))
+    report.add(ratio_row("drain", rates, "conv", "default"))
+    report.add(ratio_row("drain", rates, "raw", "default"))
+    report.notes.append(f"drain: {n:,} jobs per variant in {rounds} interleaved slices")
+    client.flushdb()
+
+
+def options_section(report: Report, client: Any, *, n: int, rounds: int) -> None:
+    """What recovers the cost: each option's drain rate against the plain layer."""
+    client.flushdb()
+    rates = run(client, [target(name) for name in OPTIONS], n, rounds)
+    report.notes.append(f"options: {verify(client, OPTIONS, WARM + n // rounds * rounds)}")
+    for name in OPTIONS[1:-2]:  # each option against the plain layer
+        report.add(ratio_row("options", rates, name, "conv"))
+    report.add(ratio_row("options", rates, "tuned", "raw_tuned", ">= 0.85"))
+    report.add(ratio_row("options", rates, "conv", "default"))
+    report.add(ratio_row("options", rates, "tuned", "default"))
+    report.add(ratio_row("options", rates, "quiet", "default", ">= 1"))
+    report.notes.append(f"options: {n:,} jobs per variant in {rounds} interleaved slices")
+    client.flushdb()
