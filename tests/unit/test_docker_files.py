@@ -136,6 +136,16 @@ def test_workers_stop_grace_period_outlasts_the_shutdown_grace_and_the_soft_shut
         assert seconds(service["stop_grace_period"]) > grace + SOFT_SHUTDOWN_S, name
 
 
+def test_each_worker_lane_gives_its_jobs_their_whole_time_limit_after_sigterm() -> None:
+    import celeryconfig
+
+    for name, service in worker_services().items():
+        lane = name.removeprefix("worker-")
+        limit = celeryconfig.WORKLOAD_TIME_LIMITS[lane]
+        assert float(service["environment"]["CONVENTIONS_SHUTDOWN_GRACE"]) >= limit, name
+        assert seconds(service["stop_grace_period"]) > limit, name
+
+
 def test_redis_keeps_an_append_only_file_and_never_evicts() -> None:
     command = " ".join(argv(services()["redis"]["command"]))
     assert "--appendonly yes" in command
