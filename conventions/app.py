@@ -156,7 +156,9 @@ class App(Celery):  # type: ignore[misc]
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:
-            task = self.task(name=name, base=ConventionTask, lazy=False, **options)(fun)
+            task = self.task(name=name, base=ConventionTask, lazy=False, shared=False, **options)(
+                fun
+            )
             return cast(ConventionTask, task)
 
         return decorate
@@ -190,7 +192,9 @@ class App(Celery):  # type: ignore[misc]
             }
             return cast(
                 ConventionTask,
-                self.task(name=name, base=ConventionTask, lazy=False, **options)(body),
+                self.task(name=name, base=ConventionTask, lazy=False, shared=False, **options)(
+                    body
+                ),
             )
 
         return decorate

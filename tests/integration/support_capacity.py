@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -34,8 +35,12 @@ class Call(Payload):
 
 def _get(path: str) -> int:
     url = f"{os.environ['CAPACITY_PROVIDER_URL']}/{path}"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return int(response.status)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()  # its status and headers stay readable; its socket is released now
+        raise
 
 
 @app.job(

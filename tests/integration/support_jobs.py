@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,8 +74,12 @@ def charge(payload: Call, ctx: JobContext) -> str:
         f"{PROVIDER['url']}/charge/{payload.call_id}",
         headers={"Idempotency-Key": ctx.idempotency_key},
     )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return str(response.status)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return str(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()  # its status and headers stay readable; its socket is released now
+        raise
 
 
 @app.job("testing.buggy.v1", payload=Call, key="buggy:{call_id}", workload="email")
