@@ -17,6 +17,7 @@ Each handler is a few dictionary operations: they run on every publish and every
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from typing import Any
 
@@ -25,8 +26,9 @@ from celery import signals
 
 from conventions import context, logs
 
-#: the context tokens of the jobs running in this process, by task id
-_tokens: dict[str, contextvars.Token[context.Trace | None]] = {}
+#: the request attribute that keeps the context token of the running delivery (a retry
+#: reuses the task id and may start in another thread before this one's postrun)
+_TOKEN = "_cc_context_token"
 
 
 def on_before_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
@@ -50,7 +52,7 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
         return
     request = task.request
     trace = context.from_request(request, assign=True)
-    _tokens[task_id] = context.activate(context.for_child(trace, task_id))
+    setattr(request, _TOKEN, context.activate(context.for_child(trace, task_id)))
     key = getattr(request, context.IDEMPOTENCY_KEY, None)
     name = task.name
     logs.bind_job(
@@ -73,12 +75,15 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
             sentry_sdk.set_tag("idempotency_key", key)
 
 
-def on_postrun(task_id: str | None = None, **_: Any) -> None:
+def on_postrun(task: Any = None, **_: Any) -> None:
     """Unbind it once Celery has logged the outcome."""
     logs.clear_job()
-    token = _tokens.pop(task_id or "", None)
+    request = getattr(task, "request", None)
+    token: contextvars.Token[context.Trace | None] | None = getattr(request, _TOKEN, None)
     if token is not None:
-        context.reset(token)
+        setattr(request, _TOKEN, None)
+        with contextlib.suppress(ValueError):  # made in another context: nothing to undo here
+            context.reset(token)
 
 
 def on_setup_logger(logger: Any = None, **_: Any) -> None:
