@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import sqlalchemy as sa
 
 from conventions import cli_format as fmt
-from conventions import outbox
+from conventions import logs, outbox
 from conventions import relay as relaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -119,7 +119,9 @@ def engine_for(app: App, url: str | None) -> sa.Engine:
 
 
 def _relay(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    handler = logging.StreamHandler()  # stderr, in the workers' format (text or JSON)
+    handler.setFormatter(logs.formatter(str(app.conf.get("conventions_log_format") or "text")))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     engine = engine_for(app, args.url)
     relay = relaylib.Relay(app, engine, batch=args.batch, retention=args.retention)
     try:

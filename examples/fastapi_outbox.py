@@ -7,40 +7,24 @@ of the shop database: either both commit or neither does. The relay publishes th
     conventions outbox relay                              # the relay
     celery -A tasks worker -Q email                       # a worker
 
-Each request binds a correlation context (``X-Request-ID`` when the client sends one), so
-the job carries the request's correlation id, exactly as ``.delay()`` would.
+Each request binds a correlation context (``conventions.web.ASGIMiddleware``: the
+client's ``X-Correlation-ID`` / ``X-Request-ID`` when well-formed), so the job carries the
+request's correlation id, exactly as ``.delay()`` would.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
 
-from conventions import bind, outbox
+from conventions import outbox
+from conventions.web import ASGIMiddleware
 from tasks import db, shop
 from tasks.receipts import send_receipt
-
-
-class CorrelationMiddleware:
-    """Bind a correlation context around each HTTP request (a pure ASGI middleware:
-    the endpoint's thread inherits the context)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        request_id = headers.get(b"x-request-id", b"").decode() or None
-        with bind(request_id=request_id):
-            await self.app(scope, receive, send)
 
 
 @asynccontextmanager
@@ -50,7 +34,7 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 
 api = FastAPI(title="shop checkout", lifespan=lifespan)
-api.add_middleware(CorrelationMiddleware)
+api.add_middleware(ASGIMiddleware)
 
 
 class NewOrder(BaseModel):
