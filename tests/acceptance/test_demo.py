@@ -165,8 +165,11 @@ def test_the_demo_on_redis_shows_queue_ages_and_metrics_and_its_numbers_are_true
     said, summary = run_demo()
     assert "ran on Redis on localhost:6379" in said
     peaks = summary["queues"]["peaks"]
-    assert peaks["email"]["depth"] >= 1 and peaks["heavy"]["depth"] >= 1
-    assert peaks["heavy"]["oldest_age"] > 0  # yesterday's report waited behind today's
+    # both queues were sampled; how deep the email burst got depends on how fast the
+    # machine drains it, but yesterday's report always waits behind today's (-c 1)
+    assert {"email", "heavy"} <= set(peaks) and summary["queues"]["samples"] >= 1
+    assert peaks["heavy"]["depth"] >= 1 and peaks["heavy"]["oldest_age"] > 0
+    assert "oldest waited" in said
     assert summary["metrics"]["totals"]["jobs_retried_total"] == FLAKY
     assert "celery -A tasks flower" in said and "/metrics" in said
     assert_numbers_are_true(summary)
