@@ -55,11 +55,12 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     setattr(request, _TOKEN, context.activate(context.for_child(trace, task_id)))
     key = getattr(request, context.IDEMPOTENCY_KEY, None)
     name = task.name
+    version = logs.version_of(name)
     logs.bind_job(
         correlation_id=trace.correlation_id,
         request_id=trace.request_id,
         task=name,
-        version=logs.version_of(name),
+        version=version,
         task_id=task_id,
         idempotency_key=key,
         attempt=int(request.retries or 0) + 1,
@@ -67,7 +68,7 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     if sentry_sdk.get_client().is_active():
         sentry_sdk.set_tag("correlation_id", trace.correlation_id)
         sentry_sdk.set_tag("task", name)
-        if version := logs.version_of(name):
+        if version:
             sentry_sdk.set_tag("version", version)
         if queue := (request.delivery_info or {}).get("routing_key"):
             sentry_sdk.set_tag("queue", queue)

@@ -28,14 +28,13 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
-from kombu import Connection, Exchange, Producer
+from kombu import Connection, Producer
 from sqlalchemy import text
 
 from conventions import keys
@@ -43,7 +42,7 @@ from tasks import app, db, shop
 from tasks.payments import apply_event
 from tests.acceptance import support_crash
 from tests.fixtures import WorkerProcess
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import publish_foreign, wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 
@@ -124,29 +123,7 @@ class ForeignProducer:
         self.producer = Producer(self.connection)
 
     def publish(self, task: str, kwargs: dict[str, Any]) -> str:
-        task_id = str(uuid.uuid4())
-        self.producer.publish(
-            [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
-            exchange=Exchange(QUEUE, type="direct"),
-            routing_key=QUEUE,
-            serializer="json",
-            headers={
-                "lang": "py",
-                "task": task,
-                "id": task_id,
-                "root_id": task_id,
-                "parent_id": None,
-                "group": None,
-                "retries": 0,
-                "eta": None,
-                "expires": None,
-                "timelimit": [None, None],
-                "argsrepr": "()",
-                "kwargsrepr": repr(kwargs),
-                "origin": "foreign",
-            },
-        )
-        return task_id
+        return publish_foreign(self.producer, task, kwargs, QUEUE)
 
     def close(self) -> None:
         self.connection.close()

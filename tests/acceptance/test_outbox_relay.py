@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from conventions import bind, outbox
 from tasks import app, db
 from tasks.receipts import send_receipt
-from tests.fixtures import WorkerProcess
+from tests.fixtures import WorkerProcess, unavailable
 from tests.integration import support_outbox as ob
 from tests.integration.helpers import wait_for
 from tests.integration.test_store_outage import SpareRedis
@@ -151,7 +151,8 @@ def _pings(client: redis.Redis) -> bool:
 @pytest.fixture
 def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed: the outage test needs a broker to stop")
+        unavailable("redis-server (the outage test starts a broker of its own to stop)",
+                    FileNotFoundError("redis-server"))  # fmt: skip
     broker = OwnBroker(tmp_path)
     broker.start()
     yield broker

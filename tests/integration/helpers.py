@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from kombu import Exchange, Producer
 
 from conventions.records import AuditEvent, DeadLetter
 
@@ -41,3 +44,22 @@ def dead_letter_of(task_id: str) -> DeadLetter | None:
         if record.task_id == task_id:
             return record
     return None
+
+
+def publish_foreign(producer: Producer, task: str, kwargs: dict[str, Any], queue: str) -> str:
+    """Publish like a foreign producer: raw kombu, Celery protocol 2, none of our headers;
+    returns the task id."""
+    task_id = str(uuid.uuid4())
+    producer.publish(
+        [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
+        exchange=Exchange(queue, type="direct"),
+        routing_key=queue,
+        serializer="json",
+        headers={
+            "lang": "py", "task": task, "id": task_id, "root_id": task_id, "parent_id": None,
+            "group": None, "retries": 0, "eta": None, "expires": None,
+            "timelimit": [None, None], "argsrepr": "()", "kwargsrepr": repr(kwargs),
+            "origin": "foreign",
+        },
+    )  # fmt: skip
+    return task_id

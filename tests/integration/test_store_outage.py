@@ -18,6 +18,7 @@ import redis
 from conventions.records import Category
 from conventions.store import RedisStore
 from tasks import app
+from tests.fixtures import unavailable
 from tests.integration.test_worker_contract import _foreign_publish
 
 pytestmark = pytest.mark.usefixtures("services", "thread_worker")
@@ -62,7 +63,8 @@ class SpareRedis:
 @pytest.fixture
 def spare_store() -> Iterator[SpareRedis]:
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed: the outage test needs a server to stop")
+        unavailable("redis-server (the outage test starts one of its own to stop)",
+                    FileNotFoundError("redis-server"))  # fmt: skip
     spare = SpareRedis()
     spare.start()
     store = RedisStore(f"redis://127.0.0.1:{spare.port}/0")

@@ -3,49 +3,25 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
-from kombu import Connection, Exchange, Producer
+from kombu import Connection, Producer
 
 from conventions import cli
 from conventions.context import CORRELATION
 from conventions.records import Category
 from tasks import app
 from tests.integration import support_jobs
-from tests.integration.helpers import dead_letter_of, wait_for
+from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
 
 
 def _foreign_publish(task: str, kwargs: dict[str, Any], queue: str = "email") -> str:
     """A message from a foreign producer: raw kombu, Celery protocol 2, no headers of ours."""
-    task_id = str(uuid.uuid4())
     with Connection(app.conf.broker_url) as conn:
-        producer = Producer(conn)
-        producer.publish(
-            [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
-            exchange=Exchange(queue, type="direct"),
-            routing_key=queue,
-            serializer="json",
-            headers={
-                "lang": "py",
-                "task": task,
-                "id": task_id,
-                "root_id": task_id,
-                "parent_id": None,
-                "group": None,
-                "retries": 0,
-                "eta": None,
-                "expires": None,
-                "timelimit": [None, None],
-                "argsrepr": "()",
-                "kwargsrepr": repr(kwargs),
-                "origin": "foreign",
-            },
-        )
-    return task_id
+        return publish_foreign(Producer(conn), task, kwargs, queue)
 
 
 def test_a_foreign_message_with_valid_kwargs_runs_under_a_fresh_correlation_id() -> None:

@@ -140,7 +140,9 @@ def test_raw_celery_runs_the_same_reliable_settings_as_celeryconfig() -> None:
 
 
 def test_the_orjson_codec_keeps_the_json_wire_format() -> None:
-    pytest.importorskip("orjson")
+    pytest.importorskip(
+        "orjson", reason="orjson comes with the bench extra, which `make bench` installs"
+    )
     from bench import codec
 
     text = codec.dumps({"order_id": "ord_1", "n": 1, "nested": {"x": [1, 2]}})

@@ -28,7 +28,8 @@ def seen() -> dict[str, Any]:
 # -- Flask (WSGI) ---------------------------------------------------------------------------
 @pytest.fixture
 def flask_client() -> Any:
-    flask = pytest.importorskip("flask")
+    import flask
+
     app = flask.Flask("shop")
     app.add_url_rule("/orders", "orders", lambda: flask.jsonify(seen()), methods=["POST"])
     app.wsgi_app = web.WSGIMiddleware(app.wsgi_app, actor=lambda environ: "user-7")  # type: ignore[method-assign]
@@ -71,7 +72,6 @@ urlpatterns: list[Any] = []
 @pytest.fixture(scope="module")
 def django_client() -> Any:
     """The Django example's settings (one settings module per process), this module's URLs."""
-    pytest.importorskip("django")
     import os
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_outbox.settings")
@@ -117,8 +117,9 @@ def call_asgi(app: Any, headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, s
 
 
 def test_fastapi_sync_and_async_endpoints_both_see_the_requests_context() -> None:
-    fastapi = pytest.importorskip("fastapi")
     import json
+
+    import fastapi
 
     app = fastapi.FastAPI()
     app.add_api_route("/orders", seen, methods=["POST"])  # sync: a threadpool
