@@ -59,7 +59,16 @@ VISIBILITY_TIMEOUT = int(
 # -- broker and results --------------------------------------------------------------------
 broker_url = _env.get("CELERY_BROKER_URL") or REDIS_URL
 broker_connection_retry_on_startup = True
-broker_transport_options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
+broker_transport_options: dict[str, Any] = {
+    "visibility_timeout": VISIBILITY_TIMEOUT,
+    # one list per queue: a worker reading one queue blocks on it (conventions.broker)
+    "priority_steps": [0],
+    # a killed worker's in-flight fetch goes back to its queue after this many seconds
+    "inbox_timeout": min(60, VISIBILITY_TIMEOUT),
+}
+if broker_url.startswith(("redis://", "rediss://")):
+    # a fetch that cannot lose a message: see conventions/broker.py
+    broker_transport = "conventions.broker:Transport"
 if EMBEDDED:
     _queue_dir = DATA_DIR / "broker"
     for _sub in ("out", "processed"):
@@ -83,13 +92,18 @@ result_backend = _env.get("CELERY_RESULT_BACKEND") or (
     f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL
 )
 result_expires = 86400
+# A result write that fails on a lost connection (STARTED, or the final state) waits for
+# the backend to come back instead of failing the job outside its body, which acks it.
+result_backend_always_retry = True
 result_extended = True
 
 # -- the reliable profile ------------------------------------------------------------------
 task_acks_late = True
 task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
-worker_cancel_long_running_tasks_on_connection_loss = True
+# Keep running late-ack jobs when the broker connection drops: Celery would cancel them
+# and then ack their messages, losing them; the ledger makes a second delivery harmless.
+worker_cancel_long_running_tasks_on_connection_loss = False
 task_serializer = "json"
 result_serializer = "json"
 accept_content = ["json"]

@@ -21,10 +21,11 @@ from bench import common
 RELIABLE: dict[str, Any] = {
     "result_expires": 86400,
     "result_extended": True,
+    "result_backend_always_retry": True,
     "task_acks_late": True,
     "task_reject_on_worker_lost": True,
     "worker_prefetch_multiplier": 1,
-    "worker_cancel_long_running_tasks_on_connection_loss": True,
+    "worker_cancel_long_running_tasks_on_connection_loss": False,
     "task_serializer": "json",
     "result_serializer": "json",
     "accept_content": ["json"],

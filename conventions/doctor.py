@@ -125,11 +125,43 @@ def _config_checks(conf: Any) -> Iterator[Finding]:
             f"({visibility_timeout(conf):.0f}s): Redis delivers a longer-waiting ETA message "
             "twice; lower it or raise broker_transport_options['visibility_timeout']",
         )  # fmt: skip
+    yield from _redis_delivery_checks(conf)
     if conf.get("task_create_missing_queues"):
         yield Finding(
             WARNING, "missing-queues-created", "task_create_missing_queues",
             "a typo in a queue name creates a queue nobody consumes; set "
             "task_create_missing_queues = False and declare task_queues",
+        )  # fmt: skip
+
+
+#: the transport whose fetch cannot lose a message (``conventions.broker``)
+INBOX_TRANSPORT = "conventions.broker:Transport"
+
+
+def _redis_delivery_checks(conf: Any) -> Iterator[Finding]:
+    """The three ways a Redis broker loses a late-ack job that the chaos suite found."""
+    if urlsplit(str(conf.get("broker_url") or "")).scheme not in ("redis", "rediss"):
+        return
+    transport = conf.get("broker_transport")
+    if not (transport == INBOX_TRANSPORT or getattr(transport, "Channel", None) is not None):
+        yield Finding(
+            WARNING, "redis-fetch-unsafe", "broker_transport",
+            "kombu's Redis fetch (BRPOP, then a second command) loses the message a worker "
+            f"is fetching when it is killed; set broker_transport = '{INBOX_TRANSPORT}'",
+        )  # fmt: skip
+    cancel = "worker_cancel_long_running_tasks_on_connection_loss"
+    if conf.get(cancel):
+        yield Finding(
+            WARNING, "cancel-on-connection-loss", cancel,
+            "on Redis, a late-ack job cancelled when the connection drops is then acked: "
+            "its message is lost; set it to False (the ledger makes a second run harmless)",
+        )  # fmt: skip
+    if conf.get("result_backend") and not conf.get("result_backend_always_retry"):
+        yield Finding(
+            WARNING, "result-write-not-retried", "result_backend_always_retry",
+            "a result write (STARTED, or the final state) that fails on a lost connection "
+            "fails the job outside its body and Celery acks it; set "
+            "result_backend_always_retry = True",
         )  # fmt: skip
 
 

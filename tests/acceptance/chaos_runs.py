@@ -21,6 +21,7 @@ from pathlib import Path
 import redis
 from sqlalchemy import Engine
 
+from conventions.broker import in_inboxes
 from conventions.store import open_store
 from tests.acceptance.support_chaos import (
     APPLIED,
@@ -132,7 +133,8 @@ def settle(  # noqa: PLR0917
     moved = time.monotonic()
     while time.monotonic() < deadline:
         try:
-            state = (scalar(engine, APPLIED), broker.llen(queue), broker.hlen("unacked"))
+            held = broker.hlen("unacked") + in_inboxes(broker)
+            state = (scalar(engine, APPLIED), broker.llen(queue), held)
         except redis.ConnectionError:  # the Redis of the run is restarting
             time.sleep(0.5)
             continue

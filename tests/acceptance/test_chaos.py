@@ -42,8 +42,6 @@ SMALL_JOBS = 1000
 WHOLE_WORKERS_KILLED = 2
 POOL_PROCESSES_KILLED = 3
 SIGTERMS = 3
-#: jobs two workers can hold at once: two running and two prefetched each
-IN_FLIGHT = 8
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +107,9 @@ def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_on
     )
     if profile != "ours":
         return  # raw Celery's numbers depend on where the blows land: reported, not asserted
-    assert (outcome.duplicated, outcome.dead_letters) == (0, 0), outcome
-    # A known gap of kombu's Redis transport (reported, bounded here): the worker's main
-    # process pops a message (BRPOP) and records it as unacked in a second command; a
-    # kill -9 between the two loses that one message. At most one per whole worker
-    # killed; seen as 1 lost in 2,000 in about one run in three.
-    assert outcome.lost <= WHOLE_WORKERS_KILLED, outcome
+    # a whole worker killed between fetching a message and recording it as unacked leaves
+    # it in its inbox (conventions.broker): a live worker's sweep gives it back
+    assert (outcome.lost, outcome.duplicated, outcome.dead_letters) == (0, 0, 0), outcome
     # every payment is applied once, and every paid order has its receipt unless a kill
     # landed between the payment's commit and the receipt's publish (reported apart)
     assert outcome.receipts is not None and outcome.missing_receipts is not None
@@ -138,7 +133,7 @@ def test_payments_through_sigterms_under_load_lose_nothing_and_apply_once(
 
 
 @pytest.mark.timeout(240)
-def test_payments_through_a_redis_crash_with_aof_apply_once_and_lose_only_in_flight_jobs(
+def test_payments_through_a_redis_crash_with_aof_lose_nothing_and_apply_once(
     chaos_redis: RedisServer, small_shop: Engine, tmp_path: Path, outcomes: list[Outcome]
 ) -> None:
     def crash_redis(crew: Crew, rng: random.Random) -> str:
@@ -154,12 +149,10 @@ def test_payments_through_a_redis_crash_with_aof_apply_once_and_lose_only_in_fli
     )  # fmt: skip
     _report(outcome, outcomes)
     assert chaos_redis.restarts == 1
-    # the append-only file kept the queue, the unacked set and the store: nothing applied
-    # twice, nothing dead-lettered. A known gap (reported, bounded here): a late-ack job
-    # that a worker holds when the connection drops "cannot be acknowledged after a
-    # connection loss"; Celery cancels it and the message is not delivered again.
-    assert (outcome.duplicated, outcome.dead_letters) == (0, 0), outcome
-    assert outcome.lost <= IN_FLIGHT, outcome
+    # the append-only file kept the queues, the inboxes, the unacked set and the store;
+    # running jobs go on (they are not cancelled on connection loss) and their result
+    # writes wait for Redis: nothing lost, nothing applied twice, nothing dead-lettered
+    assert (outcome.lost, outcome.duplicated, outcome.dead_letters) == (0, 0, 0), outcome
     # every order paid has its receipt, or is counted as missing one
     assert outcome.receipts is not None and outcome.missing_receipts is not None
-    assert outcome.receipts + outcome.missing_receipts == SMALL_JOBS - outcome.lost
+    assert outcome.receipts + outcome.missing_receipts == SMALL_JOBS

@@ -8,6 +8,7 @@ pushed with kombu or straight into the Redis list, as a foreign or broken produc
 
 from __future__ import annotations
 
+import base64
 import pickle
 import time
 import uuid
@@ -34,6 +35,8 @@ from tests.acceptance.support_chaos import (
 pytestmark = pytest.mark.chaos
 
 QUEUE = "email"
+#: an entry that is not a kombu message at all (not JSON, not UTF-8)
+JUNK = b"\xff\x00 not a message"
 INCLUDE = "tests.acceptance.support_poison"
 
 
@@ -84,6 +87,10 @@ def _by_task_id(store: Store) -> dict[str, DeadLetter]:
     return {record.task_id: record for record in store.list_dead_letters(limit=1000)}
 
 
+def _without_id(store: Store) -> list[DeadLetter]:
+    return [r for r in store.list_dead_letters(limit=1000) if r.task_id == ""]
+
+
 def _wait_for(check: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -119,9 +126,15 @@ def test_poison_messages_of_every_kind_are_dead_lettered_and_the_worker_keeps_se
                 [[], {"pill_id": "p1"}, {}], "testing.kill_worker.v1", serializer="json"
             ),
         }  # fmt: skip
-        # the unknown message carries no id: its record is found by its raw body
-        _wait_for(lambda: len(_by_task_id(store)) == len(sent), 120, "every dead letter")
+        # not even a kombu message: bytes pushed straight into the queue's list
+        raw.connection.default_channel.client.lpush(QUEUE, JUNK)
+        # the two messages with no id are found by their raw bodies
+        _wait_for(lambda: store.count_dead_letters() == len(sent) + 1, 120, "every dead letter")
         records = _by_task_id(store)
+        junk = next(r for r in _without_id(store) if "raw_body_base64" in r.payload)
+        assert (junk.category, base64.b64decode(junk.payload["raw_body_base64"])) == (
+            Category.UNPARSEABLE, JUNK,
+        )  # fmt: skip
         expected = {
             "malformed JSON": (Category.UNPARSEABLE, "cannot decode the body"),
             "not a Celery message": (Category.UNPARSEABLE, "not a Celery task message"),
@@ -131,7 +144,7 @@ def test_poison_messages_of_every_kind_are_dead_lettered_and_the_worker_keeps_se
             "wrong body shape": (Category.UNPARSEABLE, "malformed task message"),
             "kills its worker": (Category.POISON, "keeps killing its worker"),
         }
-        unknown = next(r for r in records.values() if r.task_id == "")
+        unknown = next(r for r in _without_id(store) if "raw_body" in r.payload)
         for kind, (category, reason) in expected.items():
             record = unknown if kind == "not a Celery message" else records[sent[kind]]
             assert (record.category, kind) == (category, kind), record

@@ -32,6 +32,8 @@ def _app(**conf: Any) -> App:
         task_default_queue="email",
         conventions_workloads=workloads,
         task_time_limit=300,
+        broker_transport="conventions.broker:Transport",
+        worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     app.conf.update(conf)
     return app
@@ -154,3 +156,24 @@ def test_the_levels_setting_lowers_or_silences_a_check() -> None:
     findings = static_checks(app, server=False)
     assert _codes(findings) == set()
     assert _codes(findings, WARNING) == {("pickle-accepted", "serializers")}
+
+
+@pytest.mark.parametrize(
+    ("conf", "code"),
+    [
+        ({"broker_transport": None}, "redis-fetch-unsafe"),
+        (
+            {"worker_cancel_long_running_tasks_on_connection_loss": True},
+            "cancel-on-connection-loss",
+        ),
+        ({"result_backend": "redis://localhost:6379/1"}, "result-write-not-retried"),
+    ],
+)
+def test_each_way_a_redis_broker_loses_a_late_ack_job_is_a_warning_with_the_fix(
+    conf: dict[str, Any], code: str
+) -> None:
+    found = static_checks(_app(**conf), server=False)
+    assert [(f.level, f.code) for f in found] == [(WARNING, code)]
+    assert "set " in found[0].message
+    # the same settings on RabbitMQ are fine: the broker requeues what a channel held
+    assert static_checks(_app(broker_url="amqp://localhost//", **conf), server=False) == []

@@ -1,0 +1,299 @@
+"""kombu's Redis transport with a fetch that cannot lose a message.
+
+kombu's Redis transport fetches with ``BRPOP`` and then, in a second command, records the
+message as unacknowledged. Between the two the message lives only in the worker's
+memory: a worker killed there (kill -9, OOM killer, a lost machine), or a Redis that
+dies with the reply on the wire, loses it for good. kombu 5.7 widens the gap: a reply
+that arrives while the worker has no free slot waits in the socket until one frees.
+
+This transport moves each message, in one atomic Redis command, from its queue into an
+**inbox** list of the consumer's own (``BLMOVE``), then claims it from the inbox into
+kombu's unacked set in one Lua script. At every instant the message is in the queue, in
+an inbox or in the unacked set, all inside Redis (and its AOF), never only in a process:
+
+* a consumer announces it is alive (``_cc.alive.<consumer>``, refreshed while it
+  fetches, expiring after ``inbox_timeout`` seconds);
+* every worker's periodic restore (where kombu restores unacked messages past their
+  visibility timeout) also moves the messages of dead consumers' inboxes back to the
+  head of their queues;
+* the claim and the move back are atomic and exclusive: a consumer that was only slow
+  finds its message gone, drops its copy, and the message is delivered once.
+
+A consumer reading one list blocks on it with ``BLMOVE``: no added latency. One reading
+several lists (``-Q email,heavy``, or kombu's priority lists) first moves from the first
+non-empty one in a single script, and when all are empty blocks on one of them for at
+most ``fetch_wait`` seconds (default 0.1) before looking at all again: a message on
+another list of an idle worker waits that long at most. ``celeryconfig.py`` sets
+``priority_steps`` to ``[0]``, one list per queue, so a one-queue lane blocks for free.
+
+An entry that is not a kombu message at all (junk pushed by a foreign producer) would
+make kombu raise and stop the worker; here it is wrapped in a message that the layer's
+consumer dead-letters as ``unparseable``, with the raw entry kept.
+
+Select it with ``broker_transport = "conventions.broker:Transport"`` (``celeryconfig.py``
+does for ``redis://`` and ``rediss://`` URLs). Redis 6.2 or newer (``BLMOVE``).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from queue import Empty
+from time import monotonic, time
+from typing import Any
+
+from kombu.transport import redis as kredis
+from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
+
+logger = logging.getLogger("conventions.broker")
+
+#: the hash of every inbox (field) and the queue list it was filled from (value)
+INBOXES = "_cc.inboxes"
+INBOX = "_cc.inbox.{consumer}:{source}"
+ALIVE = "_cc.alive.{consumer}"
+#: the content type of a wrapped entry that was not a kombu message
+UNPARSEABLE = "application/x-conventions-unparseable"
+#: seconds a consumer reading several lists blocks on one of them
+DEFAULT_FETCH_WAIT = 0.1
+#: seconds without a sign of life after which a consumer's inbox is given back
+DEFAULT_INBOX_TIMEOUT = 60.0
+
+#: KEYS: sources..., inboxes... -> {index, entry} from the first non-empty source, or nil
+SWEEP = """
+local n = #KEYS / 2
+for i = 1, n do
+  local entry = redis.call('LMOVE', KEYS[i], KEYS[n + i], 'RIGHT', 'LEFT')
+  if entry then return {i, entry} end
+end
+return false
+"""
+#: KEYS: inbox, unacked index, unacked; ARGV: entry, tag, now, record -> 1 claimed, 0 gone
+CLAIM = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+return 1
+"""
+#: KEYS: inbox, source, alive, registry -> entries given back, or -1 while alive
+GIVE_BACK = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
+local moved = 0
+while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do moved = moved + 1 end
+redis.call('HDEL', KEYS[4], KEYS[1])
+return moved
+"""
+
+
+def consumer_of(inbox: str) -> str:
+    """The consumer id in an inbox's name."""
+    return inbox[len(INBOX.split("{", 1)[0]) :].split(":", 1)[0]
+
+
+def in_inboxes(client: Any) -> int:
+    """How many messages all inboxes hold: fetched, not yet claimed or given back."""
+    inboxes = list(client.hkeys(INBOXES))
+    if not inboxes:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    for inbox in inboxes:
+        pipe.llen(inbox)
+    return sum(pipe.execute())
+
+
+def wrap_unparseable(entry: bytes, queue: str) -> dict[str, Any]:
+    """A kombu message that carries an entry which was not one, for the dead letters."""
+    return {
+        "body": base64.b64encode(entry).decode("ascii"),
+        "content-encoding": "binary",
+        "content-type": UNPARSEABLE,
+        "headers": {},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+            "delivery_info": {"exchange": "", "routing_key": queue},
+        },
+    }
+
+
+class QoS(kredis.QoS):  # type: ignore[misc]
+    """kombu's ack emulation; claimed messages are already in the unacked set, and the
+    periodic restore also gives dead consumers' inboxes back."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if self.channel.claimed.pop(delivery_tag, False):
+            virtual.QoS.append(self, message, delivery_tag)
+        else:  # fetched another way (basic_get), or a message kombu made itself
+            super().append(message, delivery_tag)
+
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        super().restore_visible(start, num, interval)
+        if (self._vrestore_count - 1) % (interval or 1) == 0:
+            self.channel.give_back_dead_inboxes()
+
+
+class Channel(kredis.Channel):  # type: ignore[misc]
+    """A Redis channel that fetches through an inbox of its own."""
+
+    QoS = QoS
+    from_transport_options = (
+        *kredis.Channel.from_transport_options,
+        "fetch_wait",
+        "inbox_timeout",
+    )
+    fetch_wait = DEFAULT_FETCH_WAIT
+    inbox_timeout = DEFAULT_INBOX_TIMEOUT
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.consumer_id = uuid.uuid4().hex
+        self.claimed: dict[str, bool] = {}
+        self._inboxes: dict[str, str] = {}
+        self._alive_at = float("-inf")
+        self._swept_empty = False
+        self._turn = 0
+        self._sent: tuple[str, list[str]] = ("", [])
+        super().__init__(*args, **kwargs)
+        if self.global_keyprefix:
+            raise ValueError(
+                "conventions.broker does not support global_keyprefix: use a Redis "
+                "database of the application's own, or kombu's Redis transport"
+            )
+
+    @property
+    def alive_key(self) -> str:
+        return ALIVE.format(consumer=self.consumer_id)
+
+    # -- fetching ---------------------------------------------------------------------
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        if timeout is None:
+            timeout = self.brpop_timeout
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        sources = list(
+            dict.fromkeys(self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues)
+        )
+        self._keep_alive(sources)
+        if len(sources) == 1:
+            command = ["BLMOVE", sources[0], self._inboxes[sources[0]], "RIGHT", "LEFT"]
+            self._send("BLMOVE", sources[:1], [*command, timeout or 0])
+        elif not self._swept_empty:
+            inboxes = [self._inboxes[s] for s in sources]
+            self._send("EVAL", sources, ["EVAL", SWEEP, 2 * len(sources), *sources, *inboxes])
+        else:
+            self._turn = (self._turn + 1) % len(sources)
+            source = sources[self._turn]
+            wait = min(self.fetch_wait, timeout or self.fetch_wait)
+            command = ["BLMOVE", source, self._inboxes[source], "RIGHT", "LEFT", wait]
+            self._send("BLMOVE", [source], command)
+
+    def _send(self, kind: str, sources: list[str], command: list[Any]) -> None:
+        self._sent = (kind, sources)
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = monotonic()
+        self.client.connection.send_command(*command)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        kind, sources = self._sent
+        try:
+            try:
+                reply = self.client.parse_response(self.client.connection, kind, **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            if kind == "EVAL":
+                self._swept_empty = not reply
+                if not reply:
+                    raise Empty()
+                source, entry = sources[int(reply[0]) - 1], reply[1]
+            else:
+                self._swept_empty = False
+                if reply is None:
+                    raise Empty()
+                source, entry = sources[0], reply
+            queue = source.rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(queue)
+            if not self._claim_and_deliver(self._inboxes[source], entry, queue):
+                raise Empty()
+            return True
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+
+    def _claim_and_deliver(self, inbox: str, entry: bytes, queue: str) -> bool:
+        """Move the entry from the inbox into the unacked set, then hand it to kombu;
+        False when a restore gave it back to its queue first (it is delivered there)."""
+        try:
+            payload = loads(bytes_to_str(entry))
+            properties = payload["properties"]
+            tag, info = properties["delivery_tag"], properties["delivery_info"]
+            exchange, routing_key = info["exchange"], info["routing_key"]
+        except Exception:  # not a kombu message: wrap it for the dead letters
+            logger.warning("queue %s held an entry that is not a kombu message", queue)
+            payload = wrap_unparseable(entry, queue)
+            tag, exchange, routing_key = payload["properties"]["delivery_tag"], "", queue
+        record = dumps([payload, exchange, routing_key])
+        keys = [inbox, self.unacked_index_key, self.unacked_key]
+        with self.conn_or_acquire() as client:
+            if not client.eval(CLAIM, len(keys), *keys, entry, tag, time(), record):
+                logger.info("a message fetched from %s was given back before its claim", queue)
+                return False
+        self.claimed[tag] = True
+        self.connection._deliver(payload, queue)
+        return True
+
+    # -- liveness and giving back -----------------------------------------------------
+
+    def _keep_alive(self, sources: list[str]) -> None:
+        """Name an inbox per source list, and say this consumer is alive (at most every
+        third of ``inbox_timeout``): the registry is written again each time, so an
+        inbox given back while the consumer was busy is known again before its use."""
+        fresh = [s for s in sources if s not in self._inboxes]
+        for source in fresh:
+            self._inboxes[source] = INBOX.format(consumer=self.consumer_id, source=source)
+        if not fresh and monotonic() - self._alive_at < self.inbox_timeout / 3:
+            return
+        with self.conn_or_acquire() as client:
+            pipe = client.pipeline()
+            pipe.set(self.alive_key, 1, ex=max(1, round(self.inbox_timeout)))
+            pipe.hset(INBOXES, mapping={inbox: s for s, inbox in self._inboxes.items()})
+            pipe.execute()
+        self._alive_at = monotonic()
+
+    def give_back_dead_inboxes(self) -> int:
+        """Move what dead consumers' inboxes hold back to the head of their queues."""
+        moved = 0
+        with self.conn_or_acquire() as client:
+            for raw_inbox, raw_source in client.hgetall(INBOXES).items():
+                name, source = bytes_to_str(raw_inbox), bytes_to_str(raw_source)
+                consumer = consumer_of(name)
+                if consumer == self.consumer_id:
+                    continue
+                keys = [name, source, ALIVE.format(consumer=consumer), INBOXES]
+                count = int(client.eval(GIVE_BACK, len(keys), *keys))
+                if count > 0:
+                    logger.warning(
+                        "gave %d message(s) of a dead consumer back to %s", count, source
+                    )
+                    moved += count
+        return moved
+
+    def close(self) -> None:
+        """Stop saying this consumer is alive first, so that others give back at once
+        what a fetch still in flight may leave in its inbox."""
+        if self._inboxes and not self.closed:
+            try:
+                with self.conn_or_acquire() as client:
+                    client.delete(self.alive_key)
+            except Exception:  # the broker is gone: the key expires by itself
+                logger.debug("could not delete %s", self.alive_key, exc_info=True)
+        super().close()
+
+
+class Transport(kredis.Transport):  # type: ignore[misc]
+    """kombu's Redis transport with the inbox fetch."""
+
+    Channel = Channel
