@@ -264,22 +264,25 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self._alive_at = monotonic()
 
     def give_back_dead_inboxes(self) -> int:
-        """Move what dead consumers' inboxes hold back to the head of their queues."""
-        moved = 0
+        """Move what dead consumers' inboxes hold back to the head of their queues (one
+        pipelined script per other consumer's inbox; a live one's is left alone)."""
         with self.conn_or_acquire() as client:
+            others = []
             for raw_inbox, raw_source in client.hgetall(INBOXES).items():
-                name, source = bytes_to_str(raw_inbox), bytes_to_str(raw_source)
-                consumer = consumer_of(name)
-                if consumer == self.consumer_id:
-                    continue
-                keys = [name, source, ALIVE.format(consumer=consumer), INBOXES]
-                count = int(client.eval(GIVE_BACK, len(keys), *keys))
-                if count > 0:
-                    logger.warning(
-                        "gave %d message(s) of a dead consumer back to %s", count, source
-                    )
-                    moved += count
-        return moved
+                inbox, source = bytes_to_str(raw_inbox), bytes_to_str(raw_source)
+                if consumer_of(inbox) != self.consumer_id:
+                    others.append((inbox, source))
+            if not others:
+                return 0
+            pipe = client.pipeline(transaction=False)
+            for inbox, source in others:
+                keys = [inbox, source, ALIVE.format(consumer=consumer_of(inbox)), INBOXES]
+                pipe.eval(GIVE_BACK, len(keys), *keys)
+            counts = [int(count) for count in pipe.execute()]
+        for (_, source), count in zip(others, counts, strict=True):
+            if count > 0:
+                logger.warning("gave %d message(s) of a dead consumer back to %s", count, source)
+        return sum(count for count in counts if count > 0)
 
     def close(self) -> None:
         """Stop saying this consumer is alive first, so that others give back at once
