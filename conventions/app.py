@@ -10,7 +10,7 @@ publishing: ``send_task`` of a registered convention task by name validates exac
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any, TypeVar, cast
 
@@ -28,7 +28,7 @@ from conventions import (
 )
 from conventions import job as joblib
 from conventions.backoff import Backoff
-from conventions.decisions import DEFAULT_TABLE, DecisionTable
+from conventions.decisions import DEFAULT_TABLE, Decision, DecisionTable
 from conventions.errors import ConfigurationError
 from conventions.payloads import Payload
 from conventions.runner import READY
@@ -108,7 +108,7 @@ class App(Celery):  # type: ignore[misc]
         replayable: bool = True,
         dedup: str | float | None = "until_done",
         backoff: Backoff | None = None,
-        errors: DecisionTable | dict[type[BaseException], str] | None = None,
+        errors: DecisionTable | Mapping[type[BaseException], str | Decision] | None = None,
         reconcile: Callable[..., Any] | None = None,
         exclusive: str | None = None,
         uses: tuple[str, ...] = (),

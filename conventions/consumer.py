@@ -26,7 +26,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
-from conventions import context
+from conventions import audit, context
 from conventions.deadletter import MAX_MESSAGE, MAX_TRACEBACK, scrub
 from conventions.records import Category, DeadLetter, utcnow
 
@@ -66,8 +66,11 @@ def record(
     trace = "".join(tb.format_exception(exc)) if exc is not None else ""
     now = utcnow()
     delivery = message.delivery_info or {}
+    record_id = uuid.uuid4().hex
+    # a message with no correlation id of ours gets one here, as at any other receipt
+    correlation = str(headers.get(context.CORRELATION) or record_id)
     dead = DeadLetter(
-        id=uuid.uuid4().hex,
+        id=record_id,
         task=str(headers.get("task") or ""),
         task_id=str(headers.get("id") or ""),
         category=category,
@@ -82,7 +85,7 @@ def record(
         last_failed_at=now,
         worker=str(getattr(consumer, "hostname", None) or socket.gethostname()),
         queue=delivery.get("routing_key"),
-        correlation_id=headers.get(context.CORRELATION),
+        correlation_id=correlation,
     )
     try:
         if store is None:
@@ -91,6 +94,12 @@ def record(
     except Exception:
         logger.exception("could not keep a message the worker cannot run (%s)", reason)
         return None
+    # the audit event moves the dead-letter counter of the metrics, as for a job's
+    traced = {**headers, context.CORRELATION: correlation}
+    audit.record(
+        store, "dead_lettered", dead.task, dead.task_id, traced,
+        detail={"category": str(category), "dead_letter_id": dead.id, "reason": dead.message},
+    )  # fmt: skip
     logger.error(
         "message %s dead-lettered as %s (%s): %s", dead.task_id or "-", category, dead.id, reason
     )

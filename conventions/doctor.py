@@ -88,8 +88,9 @@ def static_checks(app: Any, *, server: bool = True) -> list[Finding]:
     findings = list(_config_checks(app.conf))
     for task in user_tasks(app):
         findings.extend(_task_checks(app, task))
-    if server and broker_kind(app.conf) == "redis":
-        findings.extend(_redis_server_checks(app.conf))
+    if server:
+        for url in redis_servers(app.conf):
+            findings.extend(_redis_server_checks(url))
     return apply_levels(findings, app.conf)
 
 
@@ -232,10 +233,19 @@ def _timeout_checks(conf: Any, name: str, limit: float, cap: float) -> Iterator[
         )  # fmt: skip
 
 
-def _redis_server_checks(conf: Any) -> Iterator[Finding]:
+def redis_servers(conf: Any) -> list[str]:
+    """The URL of each Redis server the app keeps jobs in: the broker's, and the store's
+    when it is another server (the same settings matter there: it holds the ledger)."""
+    urls = [str(conf.get("broker_url"))] if broker_kind(conf) == "redis" else []
+    store = str(conf.get("conventions_store_url") or "")
+    if urlsplit(store).scheme in ("redis", "rediss") and _where(store) not in map(_where, urls):
+        urls.append(store)
+    return urls
+
+
+def _redis_server_checks(url: str) -> Iterator[Finding]:
     import redis
 
-    url = str(conf.get("broker_url"))
     try:
         client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
         with client:

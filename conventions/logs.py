@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -63,6 +65,16 @@ def update_job(**fields: Any) -> None:
 
 def clear_job() -> None:
     _job.set(None)
+
+
+@contextmanager
+def job_fields(**fields: Any) -> Iterator[None]:
+    """Bind job fields for a block (a relay publishing one outbox row), then restore."""
+    token = _job.set({name: fields.get(name) for name in FIELDS})
+    try:
+        yield
+    finally:
+        _job.reset(token)
 
 
 def current_fields() -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
 
-from conventions import outbox
+from conventions import context, logs, outbox
 from conventions.app import App
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, Retry
@@ -73,6 +73,19 @@ lock_table = sa.Table(
     sa.Column("owner", sa.String(64), nullable=False),
     sa.Column("lease_until", UTCDateTime(), nullable=False),
 )
+
+
+def row_fields(row: Any) -> dict[str, Any]:
+    """The log fields of an outbox row: its job's correlation, task and key."""
+    headers = row.headers or {}
+    return {
+        "correlation_id": headers.get(context.CORRELATION),
+        "request_id": headers.get(context.REQUEST),
+        "task": row.task,
+        "version": logs.version_of(row.task),
+        "task_id": row.task_id,
+        "idempotency_key": row.idempotency_key,
+    }
 
 
 @dataclass
@@ -160,7 +173,8 @@ class Relay:
         result, marks = Batch(claimed=len(rows)), _Marks()
         for row in rows:
             try:
-                deduplicated = self.publish(row)
+                with logs.job_fields(**row_fields(row)):
+                    deduplicated = self.publish(row)
             except Exception as exc:
                 error = f"{type(exc).__qualname__}: {exc}"[:MAX_ERROR]
                 if isinstance(DEFAULT_TABLE.decide(exc), Retry):
@@ -170,7 +184,8 @@ class Relay:
                     break
                 result.failed += 1
                 marks.failed.append((row, error, ROW_BACKOFF.delay(row.attempts + 1)))
-                logger.warning("outbox row %s (%s) not published: %s", row.id, row.task, error)
+                with logs.job_fields(**row_fields(row)):
+                    logger.warning("outbox row %s (%s) not published: %s", row.id, row.task, error)
                 continue
             result.published += 1
             result.deduplicated += int(deduplicated)

@@ -135,6 +135,15 @@ def test_poison_messages_of_every_kind_are_dead_lettered_and_the_worker_keeps_se
         assert (junk.category, base64.b64decode(junk.payload["raw_body_base64"])) == (
             Category.UNPARSEABLE, JUNK,
         )  # fmt: skip
+        # the consumer's dead letters count in the metrics and have a trail, as a job's do
+        trail = store.audit_for(junk.correlation_id or "")
+        assert [(e.event, e.detail["dead_letter_id"]) for e in trail] == [
+            ("dead_lettered", junk.id)
+        ]
+        counted = sum(
+            n for (name, _), n in store.counters().items() if name.startswith("dead_lettered:")
+        )
+        assert counted == len(sent) + 1
         expected = {
             "malformed JSON": (Category.UNPARSEABLE, "cannot decode the body"),
             "not a Celery message": (Category.UNPARSEABLE, "not a Celery task message"),

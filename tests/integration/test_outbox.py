@@ -7,6 +7,7 @@ Order ids used here (no other test touches them): ``ord_ob_*``.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from datetime import timedelta
 
@@ -121,15 +122,23 @@ def test_a_relay_that_died_before_marking_republishes_the_same_task_id_and_the_j
 
 
 def test_a_row_that_cannot_be_published_backs_off_without_blocking_the_others(
-    engine: sa.Engine,
+    engine: sa.Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
     with db.transaction() as session:
         ob.new_order(session, "ord_ob_after_bad")
-        bad = outbox.row_for(send_receipt, {"order_id": "ord_ob_bad"})
+        with bind(correlation_id="corr-ob-bad"):
+            bad = outbox.row_for(send_receipt, {"order_id": "ord_ob_bad"})
         session.execute(sa.insert(outbox.table).values({**bad, "task": "email.gone.v1"}))
         outbox.add(session, send_receipt, order_id="ord_ob_after_bad")
 
-    result = Relay(app, engine).drain()
+    with caplog.at_level(logging.WARNING, logger="conventions.relay"):
+        result = Relay(app, engine).drain()
+
+    # the relay's line about the row carries the row's own story
+    (line,) = [r for r in caplog.records if "not published" in r.getMessage()]
+    assert (line.correlation_id, line.task, line.task_id) == (
+        "corr-ob-bad", "email.gone.v1", bad["task_id"],
+    )  # fmt: skip
 
     assert (result.published, result.failed, result.unavailable) == (1, 1, None)
     (stuck,) = ob.rows(engine, task="email.gone.v1")

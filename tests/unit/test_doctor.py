@@ -177,3 +177,17 @@ def test_each_way_a_redis_broker_loses_a_late_ack_job_is_a_warning_with_the_fix(
     assert "set " in found[0].message
     # the same settings on RabbitMQ are fine: the broker requeues what a channel held
     assert static_checks(_app(broker_url="amqp://localhost//", **conf), server=False) == []
+
+
+def test_the_stores_redis_is_checked_too_when_it_is_another_server() -> None:
+    from conventions.doctor import redis_servers
+
+    same = _app(conventions_store_url="redis://localhost:6379/1")
+    assert redis_servers(same.conf) == ["redis://localhost:6379/0"]
+    other = _app(conventions_store_url="redis://store.internal:6380/0")
+    assert redis_servers(other.conf) == [
+        "redis://localhost:6379/0",
+        "redis://store.internal:6380/0",
+    ]
+    sql = _app(conventions_store_url="postgresql://db/app", broker_url="amqp://localhost//")
+    assert redis_servers(sql.conf) == []
