@@ -11,19 +11,21 @@ naive UTC text (fixed width, so text order is time order). Expiry is compared wi
 clock of the process that writes, so workers need synchronised clocks (NTP), as with any
 lease. Expired rows stay until the next writer of the same key replaces them; they never
 answer as live.
+
+The store is one class in parts: this module holds the dedup, ledger, dead-letter and audit
+statements, :mod:`conventions.store.sql_coordination` the leases, token buckets and state
+records, and :mod:`conventions.store.sql_tables` the tables and the helpers every part uses.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Dialect
 
 from conventions import counts
 from conventions.records import (
@@ -34,30 +36,19 @@ from conventions.records import (
     DeadLetter,
     utcnow,
 )
-from conventions.store import tokens
+from conventions.store.sql_coordination import SQLCoordination
+from conventions.store.sql_tables import (
+    UTCDateTime,
+    _bucket_table,
+    _counts_table,
+    _lease_tables,
+    _tables,
+)
+
+__all__ = ["SQLITE_BUSY_TIMEOUT", "SQLStore", "UTCDateTime", "make_engine"]
 
 #: seconds a SQLite writer waits for the write lock before giving up
 SQLITE_BUSY_TIMEOUT = 30.0
-
-
-class UTCDateTime(sa.TypeDecorator[datetime]):
-    """A timezone-aware UTC datetime on every dialect (naive input is taken as UTC)."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: Any | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if not isinstance(value, datetime):
-            value = datetime.fromisoformat(str(value))
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -83,7 +74,7 @@ def make_engine(url: str) -> sa.Engine:
     return engine
 
 
-class SQLStore:
+class SQLStore(SQLCoordination):
     """The :class:`~conventions.store.base.Store` contract on PostgreSQL or SQLite.
 
     Thread-safe (the engine's pool gives each call its own connection). The tables are
@@ -119,26 +110,6 @@ class SQLStore:
         except sa.exc.DBAPIError:
             # another process created the same tables between our check and our CREATE
             self.metadata.create_all(self.engine, checkfirst=True)
-
-    # -- helpers -------------------------------------------------------------------------
-    def _upsert(
-        self,
-        table: sa.Table,
-        values: Mapping[str, Any],
-        where: sa.ColumnElement[bool] | None,
-        overrides: Mapping[str, Any] | None = None,
-    ) -> sa.Insert:
-        """``INSERT values ON CONFLICT (pk) DO UPDATE SET <the same values> WHERE where``."""
-        (key,) = table.primary_key.columns
-        insert = (postgresql.insert if self._postgres else sqlite.insert)(table).values(values)
-        update = {name: insert.excluded[name] for name in values if name != key.name}
-        return insert.on_conflict_do_update(
-            index_elements=[key], set_={**update, **(overrides or {})}, where=where
-        )
-
-    def _read(self) -> sa.Connection:
-        """A connection for reads (a plain ``BEGIN`` on SQLite: readers do not queue)."""
-        return self.engine.connect().execution_options(cc_read_only=True)
 
     # -- enqueue dedup -------------------------------------------------------------------
     def reserve(
@@ -389,219 +360,6 @@ class SQLStore:
         with self.engine.begin() as conn:
             return conn.execute(purge).rowcount
 
-    # -- leases ---------------------------------------------------------------------------
-    def acquire(self, name: str, owner: str, ttl: float) -> str | None:
-        """One upsert takes a free or expired lease or extends our own; else the holder."""
-        now = utcnow()
-        t = self.leases
-        taken = self._upsert(
-            t,
-            {"name": name, "owner": owner, "expires_at": now + timedelta(seconds=ttl)},
-            where=sa.or_(t.c.expires_at <= now, t.c.owner == owner),
-        ).returning(t.c.name)
-        with self.engine.begin() as conn:
-            if conn.execute(taken).first() is not None:
-                return None
-            holder = conn.execute(sa.select(t.c.owner).where(t.c.name == name)).scalar_one()
-        return str(holder)
-
-    def renew_lease(self, name: str, owner: str, ttl: float) -> bool:
-        now = utcnow()
-        t = self.leases
-        renewed = (
-            sa.update(t)
-            .where(t.c.name == name, t.c.owner == owner, t.c.expires_at > now)
-            .values(expires_at=now + timedelta(seconds=ttl))
-        )
-        with self.engine.begin() as conn:
-            return conn.execute(renewed).rowcount == 1
-
-    def release_lease(self, name: str, owner: str) -> bool:
-        t = self.leases
-        dropped = sa.delete(t).where(
-            t.c.name == name, t.c.owner == owner, t.c.expires_at > utcnow()
-        )
-        with self.engine.begin() as conn:
-            return conn.execute(dropped).rowcount == 1
-
-    def lease_holder(self, name: str) -> str | None:
-        t = self.leases
-        with self._read() as conn:
-            holder = conn.execute(
-                sa.select(t.c.owner).where(t.c.name == name, t.c.expires_at > utcnow())
-            ).scalar()
-        return None if holder is None else str(holder)
-
-    def acquire_any(self, names: Sequence[str], owner: str, ttl: float) -> str | None:
-        """One :meth:`acquire` per name until one is ours: caps are meant to be small."""
-        for name in names:
-            if self.acquire(name, owner, ttl) is None:
-                return name
-        return None
-
-    # -- token buckets ----------------------------------------------------------------------
-    def take_token(
-        self, name: str, interval: float, burst: int, max_wait: float, booked: bool
-    ) -> float:
-        """The bucket row is locked (``FOR UPDATE``; SQLite's writers queue anyway) while
-        :func:`tokens.step` runs on the writer's clock."""
-        with self.engine.begin() as conn:
-            bucket = self._lock_bucket(conn, name)
-            now = utcnow().timestamp()
-            after, wait = tokens.step(
-                bucket, now, interval, burst, max_wait=max_wait, booked=booked
-            )
-            if after != bucket:
-                self._save_bucket(conn, name, after)
-        return wait
-
-    def pause_tokens(self, name: str, seconds: float) -> None:
-        with self.engine.begin() as conn:
-            bucket = self._lock_bucket(conn, name)
-            until = utcnow().timestamp() + seconds
-            self._save_bucket(conn, name, tokens.pause(bucket, until))
-
-    def _lock_bucket(self, conn: sa.Connection, name: str) -> tokens.Bucket:
-        t = self.buckets
-        insert = (postgresql.insert if self._postgres else sqlite.insert)(t)
-        conn.execute(
-            insert.values(name=name, tat=0.0, use=0.0, paused=0.0).on_conflict_do_nothing()
-        )
-        row = conn.execute(
-            sa.select(t.c.tat, t.c.use, t.c.paused).where(t.c.name == name).with_for_update()
-        ).one()
-        return tokens.Bucket(float(row.tat), float(row.use), float(row.paused))
-
-    def _save_bucket(self, conn: sa.Connection, name: str, bucket: tokens.Bucket) -> None:
-        t = self.buckets
-        conn.execute(
-            sa.update(t)
-            .where(t.c.name == name)
-            .values(tat=bucket.tat, use=bucket.use, paused=bucket.paused)
-        )
-
-    # -- small state records ------------------------------------------------------------
-    def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:
-        expires = None if ttl is None else utcnow() + timedelta(seconds=ttl)
-        data = json.dumps(dict(value), separators=(",", ":"), default=str)
-        row = {"name": name, "data": data, "expires_at": expires}
-        with self.engine.begin() as conn:
-            conn.execute(self._upsert(self.states, row, where=None))
-
-    def get_state(self, name: str) -> dict[str, Any] | None:
-        t = self.states
-        alive = sa.or_(t.c.expires_at.is_(None), t.c.expires_at > utcnow())
-        with self._read() as conn:
-            data = conn.execute(sa.select(t.c.data).where(t.c.name == name, alive)).scalar()
-        return None if data is None else cast(dict[str, Any], json.loads(data))
-
-    def delete_state(self, name: str) -> None:
-        t = self.states
-        with self.engine.begin() as conn:
-            conn.execute(sa.delete(t).where(t.c.name == name))
-
     def close(self) -> None:
         if self._owns_engine:
             self.engine.dispose()
-
-
-def _tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, ...]:
-    """The five tables, named ``{p}<name>`` (index names carry the prefix too: PostgreSQL
-    index names share the schema's namespace)."""
-    dedup = sa.Table(
-        f"{p}dedup",
-        metadata,
-        sa.Column("key", sa.String, primary_key=True),
-        sa.Column("job_id", sa.String, nullable=False),
-        #: null: kept until released
-        sa.Column("expires_at", UTCDateTime, nullable=True),
-    )
-    ledger = sa.Table(
-        f"{p}ledger",
-        metadata,
-        sa.Column("key", sa.String, primary_key=True),
-        sa.Column("state", sa.String(16), nullable=False),  # running | done
-        sa.Column("owner", sa.String, nullable=False),
-        # running: end of the lease; done: end of the keep period
-        sa.Column("lease_until", UTCDateTime, nullable=False),
-        sa.Column("outcome", sa.Text, nullable=True),
-        sa.Column("updated_at", UTCDateTime, nullable=False),
-    )
-    deliveries = sa.Table(
-        f"{p}deliveries",
-        metadata,
-        sa.Column("delivery_id", sa.String, primary_key=True),
-        sa.Column("count", sa.Integer, nullable=False),
-        sa.Column("expires_at", UTCDateTime, nullable=False),
-    )
-    dead_letters = sa.Table(
-        f"{p}dead_letters",
-        metadata,
-        sa.Column("id", sa.String, primary_key=True),
-        sa.Column("task", sa.String, nullable=False),
-        sa.Column("task_id", sa.String, nullable=False),
-        sa.Column("category", sa.String(16), nullable=False),
-        sa.Column("last_failed_at", UTCDateTime, nullable=False),
-        sa.Column("data", sa.Text, nullable=False),
-        sa.Index(f"ix_{p}dead_letters_time", "last_failed_at"),
-        sa.Index(f"ix_{p}dead_letters_task_time", "task", "last_failed_at"),
-        sa.Index(f"ix_{p}dead_letters_category_time", "category", "last_failed_at"),
-    )
-    audit = sa.Table(
-        f"{p}audit",
-        metadata,
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer, "sqlite"),
-            primary_key=True,
-            autoincrement=True,
-        ),
-        sa.Column("correlation_id", sa.String, nullable=False),
-        sa.Column("at", UTCDateTime, nullable=False),
-        sa.Column("data", sa.Text, nullable=False),
-        sa.Index(f"ix_{p}audit_correlation", "correlation_id"),
-        sa.Index(f"ix_{p}audit_at", "at"),
-    )
-    return dedup, ledger, deliveries, dead_letters, audit
-
-
-def _lease_tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, sa.Table]:
-    """Named leases and small state documents."""
-    leases = sa.Table(
-        f"{p}leases",
-        metadata,
-        sa.Column("name", sa.String, primary_key=True),
-        sa.Column("owner", sa.String, nullable=False),
-        sa.Column("expires_at", UTCDateTime, nullable=False),
-    )
-    states = sa.Table(
-        f"{p}states",
-        metadata,
-        sa.Column("name", sa.String, primary_key=True),
-        sa.Column("data", sa.Text, nullable=False),
-        #: null: kept until deleted
-        sa.Column("expires_at", UTCDateTime, nullable=True),
-    )
-    return leases, states
-
-
-def _counts_table(metadata: sa.MetaData, p: str) -> sa.Table:
-    """``{p}counts``: the counters the audit events move (:mod:`conventions.counts`)."""
-    return sa.Table(
-        f"{p}counts",
-        metadata,
-        sa.Column("name", sa.String, primary_key=True),  # <name>|<task>
-        sa.Column("value", sa.BigInteger, nullable=False),
-    )
-
-
-def _bucket_table(metadata: sa.MetaData, p: str) -> sa.Table:
-    """Token buckets of dependency rate limits: POSIX seconds, see ``tokens.Bucket``."""
-    return sa.Table(
-        f"{p}buckets",
-        metadata,
-        sa.Column("name", sa.String, primary_key=True),
-        sa.Column("tat", sa.Float(precision=53), nullable=False),
-        sa.Column("use", sa.Float(precision=53), nullable=False),
-        sa.Column("paused", sa.Float(precision=53), nullable=False),
-    )

@@ -11,7 +11,8 @@ that finds no token books a place in line (``tat`` moves on) and is deferred to 
 waiting jobs ask once instead of polling; when it comes back it takes a token only if
 ``use`` allows it, so jobs that come back late (ETA timers, a busy pool) never use
 their tokens closer together than ``interval``. The Redis store runs the same step in
-Lua (``conventions.store.redis``); the SQL store calls :func:`step` under a row lock.
+Lua (``conventions.store.redis_coordination``); the SQL store calls :func:`step` under a
+row lock.
 """
 
 from __future__ import annotations

@@ -27,8 +27,7 @@ import sqlalchemy as sa
 
 from conventions import keys
 from conventions.records import AuditEvent, Category, Claim, ClaimStatus, DeadLetter
-from conventions.store import RedisStore, SQLStore, Store, open_store, resolve_url
-from conventions.store import redis as redis_store
+from conventions.store import RedisStore, SQLStore, Store, open_store, redis_records, resolve_url
 from conventions.store.sql import make_engine
 from tests.fixtures import unavailable
 
@@ -417,7 +416,7 @@ def test_count_and_delete_dead_letters(store: Store) -> None:
 def test_purge_dead_letters_drops_only_the_older_records(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_store, "PURGE_BATCH", 3)  # several Redis batches
+    monkeypatch.setattr(redis_records, "PURGE_BATCH", 3)  # several Redis batches
     for minutes in range(10):
         store.put_dead_letter(dead_letter(f"dl-{minutes}", minutes=minutes))
     assert store.purge_dead_letters(BASE + timedelta(minutes=7)) == 7
@@ -468,7 +467,7 @@ def test_complete_records_its_audit_event_in_the_same_step(store: Store) -> None
 def test_purge_audit_drops_old_trails_and_keeps_recent_ones(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_store, "PURGE_BATCH", 2)
+    monkeypatch.setattr(redis_records, "PURGE_BATCH", 2)
     for n in range(5):
         store.add_audit(audit_event(f"old-{n}", "published", n))
         store.add_audit(audit_event(f"old-{n}", "succeeded", n + 1))
