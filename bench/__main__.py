@@ -1,12 +1,12 @@
 """``python -m bench [SECTION ...] [--quick]``: the benchmarks against raw Celery and peers.
 
 Sections (all by default, in this order): ``publish``, ``drain``, ``options``,
-``latency``, ``peers``, ``growth``, ``store``, ``profile``. Every comparison is interleaved
-(A B A B ..., at least 5 rounds) and reported as the median of its per-round ratios: the
-machines are shared and noisy, absolute times are not. ``--quick`` shrinks every size
-(a few minutes); the full run takes about 15. The results print as Markdown (``--out``
-writes them to a file, ``--json`` as data). Redis: ``BENCH_REDIS_URL`` (default DB 14),
-emptied by the run. Never part of ``make test``.
+``latency``, ``transport``, ``peers``, ``growth``, ``store``, ``profile``. Every
+comparison is interleaved (A B A B ..., at least 5 rounds) and reported as the median of
+its per-round ratios: the machines are shared and noisy, absolute times are not.
+``--quick`` shrinks every size (a few minutes); the full run takes about 15. The results
+print as Markdown (``--out`` writes them to a file, ``--json`` as data). Redis:
+``BENCH_REDIS_URL`` (default DB 14), emptied by the run. Never part of ``make test``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SECTIONS = ("publish", "drain", "options", "latency", "peers", "growth", "store", "profile")
+SECTIONS = (
+    "publish",
+    "drain",
+    "options",
+    "latency",
+    "transport",
+    "peers",
+    "growth",
+    "store",
+    "profile",
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ def main(argv: list[str]) -> int:
     common.use_bench_env()
     import redis
 
-    from bench import drain, growth, growth_store, latency, peers, profile, publish
+    from bench import drain, growth, growth_store, latency, peers, profile, publish, transport
     from bench.report import Report
 
     sizes = QUICK if args.quick else FULL
@@ -92,6 +102,7 @@ def main(argv: list[str]) -> int:
         "drain": lambda: drain.section(report, client, n=sizes.drain, rounds=rounds),
         "options": lambda: drain.options_section(report, client, n=sizes.options, rounds=rounds),
         "latency": lambda: latency.section(report, client, samples=sizes.latency),
+        "transport": lambda: transport.section(report, client, n=sizes.options, rounds=rounds),
         "peers": lambda: peers.section(report, client, n=sizes.peers, rounds=rounds),
         "growth": lambda: growth.section(
             report, client, size=sizes.backlog, n=sizes.growth, rounds=rounds
