@@ -39,6 +39,10 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from queue import Empty
 from time import monotonic, time
 from typing import Any
@@ -50,6 +54,8 @@ from kombu.utils.json import dumps, loads
 
 logger = logging.getLogger("conventions.broker")
 
+#: how ``broker_transport`` names this transport
+INBOX_TRANSPORT = "conventions.broker:Transport"
 #: the hash of every inbox (field) and the queue list it was filled from (value)
 INBOXES = "_cc.inboxes"
 INBOX = "_cc.inbox.{consumer}:{source}"
@@ -85,6 +91,30 @@ while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do moved = moved + 
 redis.call('HDEL', KEYS[4], KEYS[1])
 return moved
 """
+
+
+@dataclass
+class PushHook:
+    """Pushes one task's message in place of kombu's ``LPUSH`` (:mod:`conventions.onetrip`):
+    ``push(client, list, body)`` gets the broker connection's client, the Redis list and
+    the serialized message."""
+
+    task_id: str
+    push: Callable[[Any, str, str], None]
+    ran: bool = False
+
+
+_HOOK: ContextVar[PushHook | None] = ContextVar("conventions_push_hook", default=None)
+
+
+@contextmanager
+def pushing_through(hook: PushHook) -> Iterator[PushHook]:
+    """Publish the message of ``hook.task_id`` through ``hook`` within the block."""
+    token = _HOOK.set(hook)
+    try:
+        yield hook
+    finally:
+        _HOOK.reset(token)
 
 
 def consumer_of(inbox: str) -> str:
@@ -164,6 +194,20 @@ class Channel(kredis.Channel):  # type: ignore[misc]
     @property
     def alive_key(self) -> str:
         return ALIVE.format(consumer=self.consumer_id)
+
+    # -- publishing -------------------------------------------------------------------
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        """kombu's push, or the push hook of the task being published (one script)."""
+        hook = _HOOK.get()
+        headers = message.get("headers") or {}
+        if hook is None or headers.get("id") != hook.task_id:
+            super()._put(queue, message, **kwargs)
+            return
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        with self.conn_or_acquire() as client:
+            hook.push(client, key, dumps(message))  # a retried publish runs it again
+        hook.ran = True
 
     # -- fetching ---------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from celery.exceptions import QueueNotFound
 
 from conventions import settings as settingslib
+from conventions.broker import INBOX_TRANSPORT
 
 logger = logging.getLogger("conventions.doctor")
 
@@ -133,10 +134,6 @@ def _config_checks(conf: Any) -> Iterator[Finding]:
             "a typo in a queue name creates a queue nobody consumes; set "
             "task_create_missing_queues = False and declare task_queues",
         )  # fmt: skip
-
-
-#: the transport whose fetch cannot lose a message (``conventions.broker``)
-INBOX_TRANSPORT = "conventions.broker:Transport"
 
 
 def _redis_delivery_checks(conf: Any) -> Iterator[Finding]:

@@ -10,6 +10,7 @@ as ``invalid``) -> ledger claim (done: skip; held: defer; too many deliveries: p
 
 from __future__ import annotations
 
+import logging
 import string
 import uuid
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from billiard.exceptions import TimeLimitExceeded
 from celery import Task
 from celery.result import AsyncResult
 
-from conventions import audit, backpressure, context, runner
+from conventions import audit, backpressure, broker, context, onetrip, runner
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
 from conventions.errors import ConfigurationError, PayloadError
@@ -31,6 +32,8 @@ from conventions.settings import Settings
 from conventions.store.base import Store
 
 KeyTemplate = str | Callable[[Any], str]
+
+logger = logging.getLogger("conventions.task")
 
 
 class DuplicateResult(AsyncResult):  # type: ignore[misc]
@@ -128,6 +131,11 @@ class ConventionTask(Task):  # type: ignore[misc]
         store = self.store
         published = audit.event("published", self.name, task_id, headers)
         refusal = backpressure.check(self, options)  # None unless a queue bound is crossed
+        if refusal is None and onetrip.eligible(self.app, store):
+            return self._publish_in_one_trip(
+                data, key, headers, task_id, published, (producer, link, link_error, shadow),
+                options,
+            )  # fmt: skip
         if self.dedup is not None:
             # one round trip: the reservation and, when it is ours, the audit event
             holder = store.reserve(
@@ -160,17 +168,61 @@ class ConventionTask(Task):  # type: ignore[misc]
                 **options,
             )
         except BaseException as exc:
-            if self.dedup is not None:
-                store.unreserve(key, task_id)
-                audit.record(
-                    store, "publish_failed", self.name, task_id, headers,
-                    detail={"exc_type": type(exc).__qualname__},
-                )  # fmt: skip
+            self._publish_failed(key, task_id, headers, exc)
             raise
         if self.dedup is None:
             store.add_audit(published)
         result.deduplicated = False
         return result
+
+    def _publish_in_one_trip(  # noqa: PLR0917
+        self,
+        data: dict[str, Any],
+        key: str,
+        headers: dict[str, Any],
+        task_id: str,
+        published: Any,
+        celery_args: tuple[Any, ...],
+        options: dict[str, Any],
+    ) -> AsyncResult:
+        """Publish with the reservation inside the push (:mod:`conventions.onetrip`)."""
+        pushed = onetrip.hook(
+            self.store, task_id, key if self.dedup is not None else None, self._dedup_ttl(),
+            published,
+        )  # fmt: skip
+        try:
+            with broker.pushing_through(pushed):
+                result = super().apply_async(
+                    (), data, task_id, *celery_args, headers=headers,
+                    kwargsrepr=_kwargsrepr(data, headers), **{READY: True}, **options,
+                )  # fmt: skip
+        except onetrip.Deduplicated as duplicate:
+            onetrip.forget(self.app, task_id)
+            holder = duplicate.holder
+            audit.record(
+                self.store, "deduplicated", self.name, holder, headers,
+                detail={"duplicate_of": holder},
+            )  # fmt: skip
+            return DuplicateResult(holder, app=self.app)
+        except BaseException as exc:
+            self._publish_failed(key, task_id, headers, exc)
+            raise
+        if not pushed.ran:  # another producer's connection published it: no reservation
+            logger.warning("%s[%s] was published without its reservation", self.name, task_id)
+            self.store.add_audit(published)
+        result.deduplicated = False
+        return result
+
+    def _publish_failed(
+        self, key: str, task_id: str, headers: dict[str, Any], exc: BaseException
+    ) -> None:
+        """Give the key back and say so, when a publish raised (nothing was enqueued)."""
+        if self.dedup is not None:
+            self.store.unreserve(key, task_id)
+            audit.record(
+                self.store, "publish_failed", self.name, task_id, headers,
+                detail={"exc_type": type(exc).__qualname__},
+            )  # fmt: skip
 
     def prepare(
         self, kwargs: Any, options: dict[str, Any]

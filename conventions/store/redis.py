@@ -66,6 +66,38 @@ return false
 """
 )
 
+#: The publish in one round trip (:mod:`conventions.onetrip`), run on the broker's
+#: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
+#: audit event; then, in the broker's, kombu's ``LPUSH`` of the message. KEYS: dedup, the
+#: queue's list, audit keys. ARGV: job id, ttl ms or '', reserve ('1'/'0'), store db,
+#: broker db, message, audit args. Returns the holder (nothing pushed) or false.
+_RESERVE_PUSH = (
+    _AUDIT
+    + """
+redis.call('SELECT', ARGV[4])
+if ARGV[3] == '1' then
+  local holder = redis.call('GET', KEYS[1])
+  if holder and holder ~= ARGV[1] then
+    redis.call('SELECT', ARGV[5])
+    return holder
+  end
+  if not holder then
+    if ARGV[2] == '' then
+      redis.call('SET', KEYS[1], ARGV[1])
+    else
+      redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    end
+    record_audit()
+  end
+else
+  record_audit()
+end
+redis.call('SELECT', ARGV[5])
+redis.call('LPUSH', KEYS[2], ARGV[6])
+return false
+"""
+)
+
 #: KEYS: ledger, deliveries, audit keys. ARGV: owner, lease ms, delivery ttl
 #: ms, audit args. Returns {status, holder, outcome, deliveries}; the audit event is
 #: recorded only on a claim.
@@ -149,6 +181,11 @@ end
 )
 
 
+def database_of(client: redis.Redis) -> int:
+    """The database number a redis-py client selects."""
+    return int(client.connection_pool.connection_kwargs.get("db") or 0)
+
+
 class RedisStore(RedisRecords, RedisCoordination):
     """The :class:`~conventions.store.base.Store` contract on one Redis node.
 
@@ -177,6 +214,7 @@ class RedisStore(RedisRecords, RedisCoordination):
         self.audit_ttl = audit_ttl
         register = self.client.register_script
         self._reserve = register(_RESERVE)
+        self._reserve_push = register(_RESERVE_PUSH)
         self._unreserve = register(_UNRESERVE_ONLY)
         self._claim = register(_CLAIM)
         self._renew = register(_RENEW)
@@ -196,6 +234,44 @@ class RedisStore(RedisRecords, RedisCoordination):
             args=[job_id, "" if ttl is None else _ms(ttl), *audit_args],
         )
         return None if not holder else cast(str, holder)
+
+    def reserve_and_push(  # noqa: PLR0917
+        self,
+        broker: redis.Redis,
+        queue_list: str,
+        message: str,
+        key: str | None,
+        job_id: str,
+        ttl: float | None,
+        audit: AuditEvent | None,
+    ) -> str | None:
+        """:meth:`reserve` and kombu's ``LPUSH`` in one script on ``broker``'s connection
+        (a client of the same server, any database): the holder when ``key`` is taken by
+        another job (nothing is pushed), else None. ``key=None``: no reservation, the
+        audit event and the push only."""
+        audit_keys, audit_args = self._audit_parts(audit)
+        dedup = keys.dedup(key, self.prefix) if key is not None else queue_list
+        holder = self._reserve_push(
+            keys=[dedup, queue_list, *audit_keys],
+            args=[
+                job_id, "" if ttl is None else _ms(ttl), "0" if key is None else "1",
+                self.database, database_of(broker), message, *audit_args,
+            ],
+            client=broker,
+        )  # fmt: skip
+        if not holder:
+            return None
+        return holder.decode() if isinstance(holder, bytes) else str(holder)
+
+    @property
+    def database(self) -> int:
+        """The store's Redis database number."""
+        return database_of(self.client)
+
+    def server(self) -> tuple[str, int]:
+        """Which Redis server the store talks to: ``(host, port)``."""
+        kwargs = self.client.connection_pool.connection_kwargs
+        return str(kwargs.get("host") or kwargs.get("path")), int(kwargs.get("port") or 0)
 
     def unreserve(self, key: str, job_id: str) -> None:
         self._unreserve(keys=[keys.dedup(key, self.prefix)], args=[job_id])

@@ -1,0 +1,88 @@
+"""The publish in one round trip: the enqueue reservation inside kombu's ``LPUSH``.
+
+A convention ``.delay()`` needs the reservation (enqueue dedup, with its ``published``
+audit event) before the message may go out. Done as its own store call it is one more
+Redis round trip than raw Celery's publish, which on one machine costs about as much as
+Celery building the whole message. When the broker goes through
+:mod:`conventions.broker` and the store is a :class:`~conventions.store.redis.RedisStore`
+on the **same Redis server** (any database: the reference config uses one URL for both),
+``ConventionTask.apply_async`` hands the transport a push hook instead: one script, on
+the broker's connection, reserves the key and records the audit event in the store's
+database, then pushes the message in the broker's. A key another job holds raises
+:class:`Deduplicated` from inside the publish, before anything is pushed; the task
+answers the holder's handle, as the two-step path does.
+
+Otherwise (another server, the SQL store, eager mode, kombu's own transport) the task
+reserves first and publishes second, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from conventions import broker
+from conventions.records import AuditEvent
+from conventions.store.redis import RedisStore
+
+
+class Deduplicated(Exception):
+    """Raised from inside a publish: the key is held by ``holder``; nothing was pushed."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"the idempotency key is held by job {holder}")
+        self.holder = holder
+
+
+def eligible(app: Any, store: Any) -> bool:
+    """Whether ``app`` publishes through the inbox transport to the store's Redis server
+    (worked out once per app and store)."""
+    cached = app.__dict__.get("_cc_onetrip")
+    if cached is not None and cached[0] is store:
+        return bool(cached[1])
+    answer = _same_server(app.conf, store)
+    app.__dict__["_cc_onetrip"] = (store, answer)
+    return answer
+
+
+def _same_server(conf: Any, store: Any) -> bool:
+    if not isinstance(store, RedisStore) or conf.get("task_always_eager"):
+        return False
+    transport = conf.get("broker_transport")
+    if not (transport == broker.INBOX_TRANSPORT or transport is broker.Transport):
+        return False
+    url = urlsplit(str(conf.get("broker_url") or ""))
+    if url.scheme not in ("redis", "rediss"):
+        return False
+    host, port = store.server()
+    return (_host(url.hostname), url.port or 6379) == (_host(host), port)
+
+
+def _host(name: str | None) -> str:
+    return "127.0.0.1" if name in (None, "", "localhost") else str(name)
+
+
+def hook(
+    store: Any, task_id: str, key: str | None, ttl: float | None, audit: AuditEvent
+) -> broker.PushHook:
+    """The push of ``task_id``'s message with its reservation (``key=None``: the audit
+    event only, for a task without enqueue dedup)."""
+
+    redis_store = cast(RedisStore, store)  # eligible() checked it
+
+    def push(client: Any, queue_list: str, message: str) -> None:
+        holder = redis_store.reserve_and_push(client, queue_list, message, key, task_id, ttl, audit)
+        if holder is not None:
+            raise Deduplicated(holder)
+
+    return broker.PushHook(task_id, push)
+
+
+def forget(app: Any, task_id: str) -> None:
+    """Drop the result subscription Celery made for a publish that was deduplicated."""
+    consumer = getattr(app.backend, "result_consumer", None)
+    cancel = getattr(consumer, "cancel_for", None)
+    if cancel is not None:
+        with contextlib.suppress(Exception):  # never let a cleanup hide the answer
+            cancel(task_id)

@@ -1,0 +1,115 @@
+"""The publish in one round trip (``conventions.onetrip``): with the broker and the store
+on one Redis server, ``.delay()`` reserves its key and pushes its message in one script.
+
+Redis ``MONITOR`` shows every command the server runs; a command a script runs is marked
+``lua``. So the test counts what the publish itself sent: one script, no ``LPUSH`` and no
+separate reservation.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from conventions import App, bind, onetrip
+from conventions.task import DuplicateResult
+from tasks import app
+from tasks.receipts import send_receipt
+from tests.conftest import BROKER_DB, REDIS_BASE
+
+pytestmark = pytest.mark.usefixtures("clean_store")
+
+
+class Monitor:
+    """The commands the Redis server runs while the block runs (``MONITOR``)."""
+
+    def __init__(self) -> None:
+        self.client = redis.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}")
+        self.lines: list[dict[str, Any]] = []
+        self._monitor = self.client.monitor()
+        self._connection = self._monitor.__enter__()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        try:
+            for line in self._connection.listen():
+                self.lines.append(line)
+                if self._stop.is_set() and "cc-monitor-stop" in line["command"]:
+                    return
+        except redis.ConnectionError:
+            return
+
+    def __enter__(self) -> Monitor:
+        self._thread.start()
+        self.client.echo("cc-monitor-start")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self.client.echo("cc-monitor-stop")
+        self._thread.join(10)
+        self._connection.connection.disconnect()
+        self.client.close()
+
+    def top_level(self) -> list[str]:
+        """The commands clients sent (not those scripts ran), between start and stop."""
+        names = [line["command"].split()[0].upper() for line in self.lines
+                 if line.get("client_type") != "lua"]  # fmt: skip
+        return names[names.index("ECHO") + 1 : len(names) - 1]
+
+    def scripted(self) -> list[str]:
+        return [line["command"].split()[0].upper() for line in self.lines
+                if line.get("client_type") == "lua"]  # fmt: skip
+
+
+@pytest.fixture
+def order_id() -> Iterator[str]:
+    yield f"ord_{uuid.uuid4().hex[:10]}"
+
+
+def test_the_test_setup_publishes_in_one_trip() -> None:
+    assert onetrip.eligible(app, app.store)
+
+
+def test_a_delay_reserves_and_pushes_in_one_script(
+    broker_redis: redis.Redis, order_id: str
+) -> None:
+    before = broker_redis.llen("email")
+    correlation = f"corr-{order_id}"
+    with Monitor() as monitor, bind(correlation_id=correlation):
+        handle = send_receipt.delay(order_id=order_id)
+    sent = monitor.top_level()
+    assert "LPUSH" not in sent and "SET" not in sent, sent
+    assert sent.count("EVALSHA") + sent.count("EVAL") == 1, sent
+    assert {"SET", "RPUSH", "LPUSH"} <= set(monitor.scripted())
+    # what the two-step path would have left: the reservation, the audit event, the job
+    assert broker_redis.llen("email") == before + 1
+    assert app.store.reserve(f"receipt:{order_id}", "someone-else", 60) == handle.id
+    assert [e.event for e in app.store.audit_for(correlation)] == ["published"]
+
+
+def test_a_duplicate_pushes_nothing_and_answers_the_holder(
+    broker_redis: redis.Redis, order_id: str
+) -> None:
+    first = send_receipt.delay(order_id=order_id)
+    depth = broker_redis.llen("email")
+    second = send_receipt.delay(order_id=order_id)
+    assert isinstance(second, DuplicateResult) and second.id == first.id
+    assert broker_redis.llen("email") == depth
+
+
+def test_another_server_or_the_sql_store_takes_the_two_step_path() -> None:
+    other = App("onetrip_other", set_as_current=False)
+    other.conf.update(broker_url="redis://queue.internal:6379/0",
+                      broker_transport="conventions.broker:Transport")  # fmt: skip
+    assert not onetrip.eligible(other, app.store)
+    kombu = App("onetrip_kombu", set_as_current=False)
+    kombu.conf.update(broker_url=app.conf.broker_url)  # kombu's own Redis transport
+    assert not onetrip.eligible(kombu, app.store)
+    assert not onetrip.eligible(app, object())
