@@ -68,17 +68,20 @@ return false
 
 #: The publish in one round trip (:mod:`conventions.onetrip`), run on the broker's
 #: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
-#: audit event; then, in the broker's, kombu's ``LPUSH`` of the message. KEYS: dedup, the
-#: queue's list, audit keys. ARGV: job id, ttl ms or '', reserve ('1'/'0'), store db,
-#: broker db, message, audit args. Returns the holder (nothing pushed) or false.
+#: audit event; then, in the broker's, kombu's ``LPUSH`` of the message (``SELECT`` only
+#: when the two databases differ, so a server that refuses it works with one database).
+#: KEYS: dedup, the queue's list, audit keys. ARGV: job id, ttl ms or '', reserve ('1' or
+#: '0'), store db, broker db, message, audit args. Returns the holder (nothing pushed) or
+#: false.
 _RESERVE_PUSH = (
     _AUDIT
     + """
-redis.call('SELECT', ARGV[4])
+local other_db = ARGV[4] ~= ARGV[5]
+if other_db then redis.call('SELECT', ARGV[4]) end
 if ARGV[3] == '1' then
   local holder = redis.call('GET', KEYS[1])
   if holder and holder ~= ARGV[1] then
-    redis.call('SELECT', ARGV[5])
+    if other_db then redis.call('SELECT', ARGV[5]) end
     return holder
   end
   if not holder then
@@ -92,7 +95,7 @@ if ARGV[3] == '1' then
 else
   record_audit()
 end
-redis.call('SELECT', ARGV[5])
+if other_db then redis.call('SELECT', ARGV[5]) end
 redis.call('LPUSH', KEYS[2], ARGV[6])
 return false
 """
