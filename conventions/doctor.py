@@ -13,6 +13,7 @@ Redis without persistence, say). Each message says the fix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -240,12 +241,35 @@ def redis_servers(conf: Any) -> list[str]:
     return urls
 
 
+#: the oldest Redis the layer runs on: ``SET NX GET`` and ``ZADD GT`` in the store,
+#: ``BLMOVE`` in the transport
+OLDEST_REDIS = (7, 0)
+
+
+def version_findings(where: str, version: str) -> Iterator[Finding]:
+    """An error when the server's ``redis_version`` is older than :data:`OLDEST_REDIS`."""
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return
+    if version and found < OLDEST_REDIS:
+        yield Finding(
+            ERROR, "redis-too-old", where,
+            f"Redis {version}: the layer needs 7.0 or newer (SET NX GET and ZADD GT in the "
+            "store, BLMOVE in the transport); upgrade the server",
+        )  # fmt: skip
+
+
 def _redis_server_checks(url: str) -> Iterator[Finding]:
     import redis
 
     try:
         client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
         with client:
+            with contextlib.suppress(redis.RedisError):  # INFO refused: the calls will say
+                yield from version_findings(
+                    _where(url), str(client.info("server")["redis_version"])
+                )
             policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
             persistence = client.config_get("appendonly").get("appendonly") == "yes" or bool(
                 client.config_get("save").get("save")

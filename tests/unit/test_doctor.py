@@ -191,3 +191,13 @@ def test_the_stores_redis_is_checked_too_when_it_is_another_server() -> None:
     ]
     sql = _app(conventions_store_url="postgresql://db/app", broker_url="amqp://localhost//")
     assert redis_servers(sql.conf) == []
+
+
+def test_a_redis_older_than_7_is_an_error_naming_what_needs_7() -> None:
+    from conventions.doctor import version_findings
+
+    (found,) = version_findings("redis host:6379", "6.2.14")
+    assert (found.level, found.code) == (ERROR, "redis-too-old")
+    assert "BLMOVE" in found.message and "SET NX GET" in found.message
+    assert list(version_findings("redis host:6379", "7.0.15")) == []
+    assert list(version_findings("redis host:6379", "")) == []
