@@ -56,6 +56,9 @@ class Crew:
         self.all: list[Worker] = []
         self.lock = threading.Lock()
         self.starting: list[threading.Thread] = []
+        #: pool processes already killed: a killed child stays listed until it is reaped,
+        #: and a second SIGKILL to it would count a blow that never landed
+        self.killed: set[int] = set()
 
     def start(self, count: int = 2) -> None:
         for _ in range(count):
@@ -96,15 +99,26 @@ class Crew:
             victim.kill_all()
             self.replace_later()
             return f"kill -9 {victim.name} (main and pool)"
-        children = victim.children()
+        children = self.fresh_children(victim)
         if not children:
-            return f"{victim.name} had no pool process"
+            return f"{victim.name} had no live pool process"
         pid = rng.choice(children)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return f"{victim.name}'s pool process {pid} was gone"
+        self.killed.add(pid)
         return f"kill -9 {victim.name} pool process {pid}"
+
+    def fresh_children(self, victim: Worker, timeout: float = 10) -> list[int]:
+        """The worker's pool processes not killed yet; waits for the pool to replace a
+        killed one when there is none."""
+        deadline = time.monotonic() + timeout
+        while True:
+            children = [pid for pid in victim.children() if pid not in self.killed]
+            if children or time.monotonic() > deadline:
+                return children
+            time.sleep(0.1)
 
     def sigterm(self, rng: random.Random) -> str:
         victim = self.pick(rng)
