@@ -185,6 +185,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self._turn = 0
         self._sent: tuple[str, list[str]] = ("", [])
         super().__init__(*args, **kwargs)
+        self._claim = self.client.register_script(CLAIM)  # EVALSHA, loaded when missing
         if self.global_keyprefix:
             raise ValueError(
                 "conventions.broker does not support global_keyprefix: use a Redis "
@@ -282,7 +283,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         record = dumps([payload, exchange, routing_key])
         keys = [inbox, self.unacked_index_key, self.unacked_key]
         with self.conn_or_acquire() as client:
-            if not client.eval(CLAIM, len(keys), *keys, entry, tag, time(), record):
+            if not self._claim(keys=keys, args=[entry, tag, time(), record], client=client):
                 logger.info("a message fetched from %s was given back before its claim", queue)
                 return False
         self.claimed[tag] = True

@@ -23,7 +23,7 @@ import redis
 
 from conventions import counts, keys
 from conventions.records import AuditEvent, Claim, ClaimStatus
-from conventions.store.redis_coordination import RedisCoordination, _ms
+from conventions.store.redis_coordination import DELETE_IF_HELD, RedisCoordination, _ms
 from conventions.store.redis_records import RedisRecords, _score
 
 #: Appends an audit event in the same script as the state change it records, and moves
@@ -45,26 +45,30 @@ local function record_audit()
 end
 """
 
+#: Defines ``take_reservation()``: the dedup key KEYS[1] for job ARGV[1] (ttl ms ARGV[2],
+#: or '' for none). Returns the other job holding it, or false when it is this job's
+#: (taken now, with the audit event recorded, or already).
+_TAKE_RESERVATION = """
+local function take_reservation()
+  local holder = redis.call('GET', KEYS[1])
+  if holder then
+    if holder == ARGV[1] then return false end
+    return holder
+  end
+  if ARGV[2] == '' then
+    redis.call('SET', KEYS[1], ARGV[1])
+  else
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  end
+  record_audit()
+  return false
+end
+"""
+
 #: KEYS: dedup, audit keys. ARGV: job id, ttl ms or '', audit args.
 #: Returns the holder's job id, or false when the reservation is ours (the audit event
 #: is recorded only when this call made the reservation).
-_RESERVE = (
-    _AUDIT
-    + """
-local holder = redis.call('GET', KEYS[1])
-if holder then
-  if holder == ARGV[1] then return false end
-  return holder
-end
-if ARGV[2] == '' then
-  redis.call('SET', KEYS[1], ARGV[1])
-else
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-record_audit()
-return false
-"""
-)
+_RESERVE = _AUDIT + _TAKE_RESERVATION + "return take_reservation()\n"
 
 #: The publish in one round trip (:mod:`conventions.onetrip`), run on the broker's
 #: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
@@ -75,27 +79,14 @@ return false
 #: false.
 _RESERVE_PUSH = (
     _AUDIT
+    + _TAKE_RESERVATION
     + """
 local other_db = ARGV[4] ~= ARGV[5]
 if other_db then redis.call('SELECT', ARGV[4]) end
-if ARGV[3] == '1' then
-  local holder = redis.call('GET', KEYS[1])
-  if holder and holder ~= ARGV[1] then
-    if other_db then redis.call('SELECT', ARGV[5]) end
-    return holder
-  end
-  if not holder then
-    if ARGV[2] == '' then
-      redis.call('SET', KEYS[1], ARGV[1])
-    else
-      redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    end
-    record_audit()
-  end
-else
-  record_audit()
-end
+local holder = false
+if ARGV[3] == '1' then holder = take_reservation() else record_audit() end
 if other_db then redis.call('SELECT', ARGV[5]) end
+if holder then return holder end
 redis.call('LPUSH', KEYS[2], ARGV[6])
 return false
 """
@@ -130,14 +121,6 @@ local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if entry[1] == 'running' and entry[2] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
-end
-return 0
-"""
-
-#: KEYS: dedup. ARGV: job id. Drops the reservation only if that job still holds it.
-_UNRESERVE_ONLY = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
 end
 return 0
 """
@@ -218,7 +201,7 @@ class RedisStore(RedisRecords, RedisCoordination):
         register = self.client.register_script
         self._reserve = register(_RESERVE)
         self._reserve_push = register(_RESERVE_PUSH)
-        self._unreserve = register(_UNRESERVE_ONLY)
+        self._unreserve = register(DELETE_IF_HELD)
         self._claim = register(_CLAIM)
         self._renew = register(_RENEW)
         self._complete = register(_COMPLETE)

@@ -35,8 +35,9 @@ end
 return 0
 """
 
-#: KEYS: lease. ARGV: owner. Returns 1 when the lease was ours and is released.
-_RELEASE_LEASE = """
+#: KEYS: a key. ARGV: a value. Deletes the key only while it holds that value (a lease
+#: released by its owner, a reservation dropped by its job); returns 1 when it did.
+DELETE_IF_HELD = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -129,7 +130,7 @@ class RedisCoordination:
         register = self.client.register_script
         self._acquire = register(_ACQUIRE)
         self._renew_lease = register(_RENEW_LEASE)
-        self._release_lease = register(_RELEASE_LEASE)
+        self._release_lease = register(DELETE_IF_HELD)
         self._acquire_any = register(_ACQUIRE_ANY)
         self._take_token = register(_TAKE_TOKEN)
         self._pause_tokens = register(_PAUSE_TOKENS)

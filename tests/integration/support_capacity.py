@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 from conventions import Backoff, Id, JobContext, Payload, TransientError, runs
 from conventions.store import RedisStore
 from tasks import app
+from tests.integration.helpers import http_status
 
 #: the test dependencies, declared like a project declares its own in celeryconfig.py
 LIMITS: dict[str, Any] = {
@@ -34,13 +33,7 @@ class Call(Payload):
 
 
 def _get(path: str) -> int:
-    url = f"{os.environ['CAPACITY_PROVIDER_URL']}/{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        exc.close()  # its status and headers stay readable; its socket is released now
-        raise
+    return http_status(f"{os.environ['CAPACITY_PROVIDER_URL']}/{path}", timeout=60)
 
 
 @app.job(

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from conventions import Backoff, Id, JobContext, Payload
 from tasks import app
+from tests.integration.helpers import http_status
 
 #: the provider's base URL, set by the ``provider`` fixture (thread workers share it)
 PROVIDER: dict[str, str] = {}
@@ -74,12 +75,7 @@ def charge(payload: Call, ctx: JobContext) -> str:
         f"{PROVIDER['url']}/charge/{payload.call_id}",
         headers={"Idempotency-Key": ctx.idempotency_key},
     )
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return str(response.status)
-    except urllib.error.HTTPError as exc:
-        exc.close()  # its status and headers stay readable; its socket is released now
-        raise
+    return str(http_status(request, timeout=5))
 
 
 @app.job("testing.buggy.v1", payload=Call, key="buggy:{call_id}", workload="email")

@@ -47,7 +47,6 @@ class Monitor:
 
     def __enter__(self) -> Monitor:
         self._thread.start()
-        self.client.echo("cc-monitor-start")
         return self
 
     def __exit__(self, *_: object) -> None:
