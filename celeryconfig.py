@@ -91,6 +91,10 @@ if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_MUTEX_EXPIRE"):
 result_backend = _env.get("CELERY_RESULT_BACKEND") or (
     f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL
 )
+if result_backend.startswith(("redis://", "rediss://")):
+    # Celery's Redis backend whose STARTED and SUCCESS writes carry the ledger's claim and
+    # completion when the store shares the server: see conventions/results.py
+    result_backend = f"conventions.results:RedisBackend+{result_backend}"
 result_expires = 86400
 # A result write that fails on a lost connection (STARTED, or the final state) waits for
 # the backend to come back instead of failing the job outside its body, which acks it.

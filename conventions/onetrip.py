@@ -55,11 +55,12 @@ def _same_server(conf: Any, store: Any) -> bool:
     url = urlsplit(str(conf.get("broker_url") or ""))
     if url.scheme not in ("redis", "rediss"):
         return False
-    host, port = store.server()
-    return (_host(url.hostname), url.port or 6379) == (_host(host), port)
+    name, port = store.server()
+    return (host(url.hostname), url.port or 6379) == (host(name), port)
 
 
-def _host(name: str | None) -> str:
+def host(name: str | None) -> str:
+    """A host name as compared between clients (``localhost`` is the loopback address)."""
     return "127.0.0.1" if name in (None, "", "localhost") else str(name)
 
 

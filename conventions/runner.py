@@ -20,7 +20,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from conventions import alerts, audit, context, deadletter, limits, locks, logs, overlap, queues
+from conventions import (
+    alerts,
+    audit,
+    context,
+    deadletter,
+    limits,
+    locks,
+    logs,
+    overlap,
+    queues,
+    results,
+)  # fmt: skip
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
@@ -28,7 +39,7 @@ from conventions.errors import PayloadError, ResumeLater
 from conventions.job import JobContext, keeper
 from conventions.payloads import Payload
 from conventions.progress import PROGRESS_STATE
-from conventions.records import AuditEvent, Category, ClaimStatus, utcnow
+from conventions.records import AuditEvent, Category, Claim, ClaimStatus, utcnow
 
 if TYPE_CHECKING:
     from conventions.task import ConventionTask
@@ -149,14 +160,17 @@ class Delivery:
         delivery_id = f"{request.id}:{request.retries or 0}"
         if self.headers.get(context.RESUMED):  # a resume is no crash: count it apart
             delivery_id += f":r{self.headers[context.RESUMED]}"
-        # one round trip each for claim and complete, their audit events included
+        # one round trip each for claim and complete, their audit events included, and
+        # Celery's STARTED and SUCCESS writes with them when they can (conventions.results)
         try:
-            claim = store.claim(
-                key, self.owner, settings.lease, delivery_id,
+            claim = results.claim(
+                task, key, self.owner, settings.lease, delivery_id,
                 audit=self.event("started", **self.waited()),
             )  # fmt: skip
         except Exception as exc:
             self.defer(f"the store is unavailable ({type(exc).__qualname__})", store_down=True)
+        if claim.status is ClaimStatus.HELD and claim.holder == self.owner:
+            claim = Claim(ClaimStatus.CLAIMED, self.owner)  # a retried claim: ours already
         if claim.status is ClaimStatus.DONE:
             store.unreserve(key, request.id)
             self.audit("skipped_duplicate", outcome=claim.outcome, holder=claim.holder)
@@ -195,11 +209,11 @@ class Delivery:
             return self.on_failure(exc)
         keeper.drop(key, self.owner)
         reserved_by = request.id if task.dedup == "until_done" else None
-        store.complete(
-            key, self.owner, "succeeded", settings.ledger_keep, reserved_by,
-            audit=self.event("succeeded"),
+        # the checkpoint goes only once the ledger says done
+        results.complete(
+            task, key, self.owner, settings.ledger_keep, reserved_by,
+            audit=self.event("succeeded"), after=ctx.finish,
         )  # fmt: skip
-        ctx.finish()
         return result
 
     def publish_progress(self, document: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import sentry_sdk
 from celery import signals
 
-from conventions import context, logs
+from conventions import context, logs, results
 
 #: the request attribute that keeps the context token of the running delivery (a retry
 #: reuses the task id and may start in another thread before this one's postrun)
@@ -77,7 +77,15 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
 
 
 def on_postrun(task: Any = None, **_: Any) -> None:
-    """Unbind it once Celery has logged the outcome."""
+    """Settle what no result write took (:func:`conventions.results.settle`), then unbind
+    the context once Celery has logged the outcome."""
+    try:
+        results.settle()
+    finally:
+        _unbind(task)
+
+
+def _unbind(task: Any) -> None:
     logs.clear_job()
     request = getattr(task, "request", None)
     token: contextvars.Token[context.Trace | None] | None = getattr(request, _TOKEN, None)

@@ -25,6 +25,7 @@ from conventions import counts, keys
 from conventions.records import AuditEvent, Claim, ClaimStatus
 from conventions.store.redis_coordination import DELETE_IF_HELD, RedisCoordination, _ms
 from conventions.store.redis_records import RedisRecords, _score
+from conventions.store.redis_results import ResultWrite, with_result
 
 #: Appends an audit event in the same script as the state change it records, and moves
 #: its counters (:mod:`conventions.counts`). Every script that uses it takes the audit
@@ -135,11 +136,13 @@ end
 #: KEYS: ledger, dedup, audit keys. ARGV: owner, outcome, keep ms, has
 #: reservation, reserved_by, audit args. Records done when the lease is still ours or the
 #: entry vanished (our lease expired but the body finished: the result stands); the audit
-#: event is recorded either way. Returns 1 when done was recorded.
+#: event is recorded either way, except on a replay (done already, by this owner: a
+#: retried write whose first reply was lost). Returns 1 when done was recorded.
 _COMPLETE = (
     _AUDIT
     + """
 local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if entry[1] == 'done' and entry[2] == ARGV[1] then return 0 end  -- a replay: done already
 local recorded = 0
 if entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1]) then
   redis.call('DEL', KEYS[1])
@@ -205,6 +208,8 @@ class RedisStore(RedisRecords, RedisCoordination):
         self._claim = register(_CLAIM)
         self._renew = register(_RENEW)
         self._complete = register(_COMPLETE)
+        self._claim_with_result = register(with_result(_CLAIM))
+        self._complete_with_result = register(with_result(_COMPLETE))
         self._release = register(_RELEASE)
         self._register_records()
         self._register_coordination()
@@ -271,17 +276,21 @@ class RedisStore(RedisRecords, RedisCoordination):
         delivery_id: str,
         *,
         audit: AuditEvent | None = None,
+        result: ResultWrite | None = None,
     ) -> Claim:
+        """``result``: Celery's STARTED write, sent in the same script."""
         audit_keys, audit_args = self._audit_parts(audit)
+        script, keys_, args = self._riding(self._claim, self._claim_with_result, result)
         status, holder, outcome, count = cast(
             "list[Any]",
-            self._claim(
+            script(
                 keys=[
+                    *keys_,
                     keys.ledger(key, self.prefix),
                     keys.deliveries(delivery_id, self.prefix),
                     *audit_keys,
                 ],
-                args=[owner, _ms(lease), _ms(self.delivery_ttl), *audit_args],
+                args=[*args, owner, _ms(lease), _ms(self.delivery_ttl), *audit_args],
             ),
         )
         return Claim(ClaimStatus(status), holder=holder, deliveries=int(count), outcome=outcome)
@@ -299,12 +308,17 @@ class RedisStore(RedisRecords, RedisCoordination):
         reserved_by: str | None,
         *,
         audit: AuditEvent | None = None,
+        result: ResultWrite | None = None,
     ) -> None:
+        """``result``: Celery's SUCCESS write, sent in the same script."""
         audit_keys, audit_args = self._audit_parts(audit)
-        self._complete(
-            keys=[keys.ledger(key, self.prefix), keys.dedup(key, self.prefix), *audit_keys],
-            args=[owner, outcome, _ms(keep), *self._reservation(reserved_by), *audit_args],
-        )
+        script, keys_, args = self._riding(self._complete, self._complete_with_result, result)
+        script(
+            keys=[*keys_, keys.ledger(key, self.prefix), keys.dedup(key, self.prefix), *audit_keys],
+            args=[
+                *args, owner, outcome, _ms(keep), *self._reservation(reserved_by), *audit_args,
+            ],
+        )  # fmt: skip
 
     def release(self, key: str, owner: str, reserved_by: str | None) -> None:
         self._release(
@@ -322,6 +336,15 @@ class RedisStore(RedisRecords, RedisCoordination):
         data = json.dumps(event.to_dict())
         moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
         return [trail, by_time, counted], [data, ttl, _score(event.at), event.correlation_id, moved]
+
+    def _riding(
+        self, plain: Any, with_result: Any, result: ResultWrite | None
+    ) -> tuple[Any, list[str], list[Any]]:
+        """The script to run and the leading KEYS and ARGV of ``result``, if any."""
+        if result is None:
+            return plain, [], []
+        keys_, args = result.parts(self.database)
+        return with_result, keys_, args
 
     @staticmethod
     def _reservation(reserved_by: str | None) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -9,9 +10,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import redis
 from kombu import Exchange, Producer
 
 from conventions.records import AuditEvent, DeadLetter
+from tests.conftest import BROKER_DB, REDIS_BASE
 
 T = TypeVar("T")
 
@@ -76,3 +79,45 @@ def publish_foreign(producer: Producer, task: str, kwargs: dict[str, Any], queue
         },
     )  # fmt: skip
     return task_id
+
+
+class Monitor:
+    """The commands the Redis server runs while the block runs (``MONITOR``)."""
+
+    def __init__(self) -> None:
+        self.client = redis.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}")
+        self.lines: list[dict[str, Any]] = []
+        self._monitor = self.client.monitor()
+        self._connection = self._monitor.__enter__()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        try:
+            for line in self._connection.listen():
+                self.lines.append(line)
+                if self._stop.is_set() and "cc-monitor-stop" in line["command"]:
+                    return
+        except redis.ConnectionError:
+            return
+
+    def __enter__(self) -> Monitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self.client.echo("cc-monitor-stop")
+        self._thread.join(10)
+        self._connection.connection.disconnect()
+        self.client.close()
+
+    def top_level(self, about: str) -> list[str]:
+        """The commands that clients sent (not those scripts ran) and that name ``about``:
+        other clients of the server (another test run, say) do not count."""
+        return [line["command"].split()[0].upper() for line in self.lines
+                if line.get("client_type") != "lua" and about in line["command"]]  # fmt: skip
+
+    def scripted(self, about: str) -> list[str]:
+        return [line["command"].split()[0].upper() for line in self.lines
+                if line.get("client_type") == "lua" and about in line["command"]]  # fmt: skip

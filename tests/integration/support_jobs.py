@@ -121,3 +121,9 @@ def stuck(payload: Call, ctx: JobContext) -> None:
             time.sleep(0.1)
         except SoftTimeLimitExceeded:
             continue
+
+
+@app.job("testing.unstorable.v1", payload=Call, key="unstorable:{call_id}", workload="email")
+def unstorable(payload: Call, ctx: JobContext) -> object:
+    """Succeeds with a value no result serializer can store."""
+    return object()

@@ -8,10 +8,8 @@ separate reservation.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -20,51 +18,9 @@ from conventions import App, bind, onetrip
 from conventions.task import DuplicateResult
 from tasks import app
 from tasks.receipts import send_receipt
-from tests.conftest import BROKER_DB, REDIS_BASE
+from tests.integration.helpers import Monitor
 
 pytestmark = pytest.mark.usefixtures("clean_store")
-
-
-class Monitor:
-    """The commands the Redis server runs while the block runs (``MONITOR``)."""
-
-    def __init__(self) -> None:
-        self.client = redis.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}")
-        self.lines: list[dict[str, Any]] = []
-        self._monitor = self.client.monitor()
-        self._connection = self._monitor.__enter__()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-
-    def _read(self) -> None:
-        try:
-            for line in self._connection.listen():
-                self.lines.append(line)
-                if self._stop.is_set() and "cc-monitor-stop" in line["command"]:
-                    return
-        except redis.ConnectionError:
-            return
-
-    def __enter__(self) -> Monitor:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self.client.echo("cc-monitor-stop")
-        self._thread.join(10)
-        self._connection.connection.disconnect()
-        self.client.close()
-
-    def top_level(self, about: str) -> list[str]:
-        """The commands that clients sent (not those scripts ran) and that name ``about``:
-        other clients of the server (another test run, say) do not count."""
-        return [line["command"].split()[0].upper() for line in self.lines
-                if line.get("client_type") != "lua" and about in line["command"]]  # fmt: skip
-
-    def scripted(self, about: str) -> list[str]:
-        return [line["command"].split()[0].upper() for line in self.lines
-                if line.get("client_type") == "lua" and about in line["command"]]  # fmt: skip
 
 
 @pytest.fixture

@@ -1,0 +1,134 @@
+"""Celery's result writes riding the ledger's steps (``conventions.results``).
+
+With the store and the result backend on one Redis server, a job's STARTED write goes
+out in its claim's script and its SUCCESS write in its completion's: Redis ``MONITOR``
+shows no ``SETEX`` or ``PUBLISH`` of the result key sent by a client, only by those two
+scripts. Where Celery would not write SUCCESS right after the body (results ignored,
+callbacks, a value it cannot store) the completion still happens, on its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from conventions import audit, bind, context, results
+from conventions.records import ClaimStatus
+from conventions.store.redis import RedisStore
+from conventions.store.redis_results import ResultWrite
+from tasks import app
+from tests.conftest import BROKER_DB
+from tests.integration import support_jobs
+from tests.integration.helpers import Monitor, wait_for
+
+pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
+
+
+@pytest.fixture
+def call_id() -> Iterator[str]:
+    yield f"call_{uuid.uuid4().hex[:10]}"
+
+
+def meta(task_id: str) -> str:
+    return f"celery-task-meta-{task_id}"
+
+
+def events(correlation: str) -> list[str]:
+    return [e.event for e in app.store.audit_for(correlation)]
+
+
+def is_done(key: str) -> bool:
+    """The ledger's answer, read by a claim that cannot take a finished key."""
+    claim = app.store.claim(key, "probe", 1, f"probe-{uuid.uuid4().hex}")
+    assert claim.status is not ClaimStatus.CLAIMED, f"{key} was free"
+    return claim.status is ClaimStatus.DONE
+
+
+def test_the_test_setup_rides_the_result_writes() -> None:
+    assert isinstance(app.backend, results.RedisBackend)
+    assert app.backend.store_alongside(app.store) is app.store
+
+
+def test_started_and_success_ride_the_claim_and_the_completion(call_id: str) -> None:
+    correlation = f"corr-{call_id}"
+    with Monitor() as monitor, bind(correlation_id=correlation):
+        handle = support_jobs.echo.delay(call_id=call_id)
+        assert handle.get(timeout=30)["key"] == f"echo:{call_id}"
+    sent = monitor.top_level(meta(handle.id))
+    # the publisher's SUBSCRIBE and GET aside, a client sent only the two scripts
+    assert [c for c in sent if c not in ("SUBSCRIBE", "UNSUBSCRIBE", "GET")] == [
+        "EVALSHA",
+        "EVALSHA",
+    ], sent
+    assert sorted(monitor.scripted(meta(handle.id))) == ["PUBLISH", "PUBLISH", "SET", "SET"]
+    assert events(correlation) == ["published", "started", "succeeded"]
+    assert is_done(f"echo:{call_id}")
+
+
+def test_a_job_whose_result_is_ignored_completes_on_its_own(
+    call_id: str, broker_redis: redis.Redis
+) -> None:
+    correlation = f"corr-{call_id}"
+    with bind(correlation_id=correlation):
+        handle = support_jobs.echo.apply_async(kwargs={"call_id": call_id}, ignore_result=True)
+    wait_for(lambda: "succeeded" in events(correlation))
+    assert is_done(f"echo:{call_id}")
+    assert not broker_redis.exists(meta(handle.id))
+
+
+def test_a_job_with_a_callback_completes_before_celery_dispatches_it(call_id: str) -> None:
+    then, correlation = f"{call_id}_then", f"corr-{call_id}"
+    with Monitor() as monitor, bind(correlation_id=correlation):
+        handle = support_jobs.echo.apply_async(
+            kwargs={"call_id": call_id}, link=support_jobs.echo.si(call_id=then)
+        )
+        handle.get(timeout=30)
+    # Celery dispatches the callback before it writes SUCCESS: that write is its own
+    assert "SETEX" in monitor.top_level(meta(handle.id))
+    assert is_done(f"echo:{call_id}")
+    # the callback runs in the job's story (it inherits the correlation id)
+    wait_for(lambda: events(correlation).count("succeeded") == 2)
+    assert is_done(f"echo:{then}")
+
+
+def test_a_value_celery_cannot_store_still_records_the_key_done(call_id: str) -> None:
+    correlation = f"corr-{call_id}"
+    with bind(correlation_id=correlation):
+        handle = support_jobs.unstorable.delay(call_id=call_id)
+    wait_for(lambda: handle.state == "FAILURE")  # Celery's EncodeError, after the body
+    assert "succeeded" in events(correlation)
+    assert is_done(f"unstorable:{call_id}")
+
+
+def test_a_result_is_written_in_the_backends_database(broker_redis: redis.Redis) -> None:
+    store = app.store
+    assert isinstance(store, RedisStore) and store.database != BROKER_DB
+    key, result = f"riding-{uuid.uuid4().hex}", f"result-{uuid.uuid4().hex}"
+    write = ResultWrite(key, '{"status": "STARTED"}', 60, BROKER_DB)
+    claim = store.claim(key, "owner", 5, f"d-{key}", result=write)
+    assert claim.status is ClaimStatus.CLAIMED
+    assert broker_redis.get(key) == '{"status": "STARTED"}'
+    assert 0 < broker_redis.ttl(key) <= 60
+    store.complete(
+        key, "owner", "succeeded", 60, None, result=ResultWrite(key, result, None, BROKER_DB)
+    )
+    assert broker_redis.get(key) == result and broker_redis.ttl(key) == -1
+    assert store.client.get(key) is None  # nothing written in the store's own database
+    assert store.claim(key, "other", 5, f"d2-{key}").status is ClaimStatus.DONE
+    broker_redis.delete(key)
+
+
+def test_a_retried_completion_records_its_event_once() -> None:
+    """A completion whose reply was lost is sent again (Celery retries a result write on a
+    lost connection): the second one finds the key done by the same owner."""
+    store = app.store
+    key, correlation = f"retried-{uuid.uuid4().hex}", f"corr-{uuid.uuid4().hex}"
+    headers = {context.CORRELATION: correlation}
+    succeeded = audit.event("succeeded", "testing.echo.v1", "job-1", headers, attempt=1)
+    store.claim(key, "owner", 5, f"d-{key}")
+    store.complete(key, "owner", "succeeded", 60, None, audit=succeeded)
+    store.complete(key, "owner", "succeeded", 60, None, audit=succeeded)
+    assert events(correlation) == ["succeeded"]
