@@ -86,7 +86,9 @@ def assert_numbers_are_true(s: dict[str, Any]) -> None:
     """The summary against the shop database, the store and the SMTP sink's log."""
     assert all(s["checks"].values()), s["checks"]
     assert s["duplicates"]["sent"] == DUPLICATES == s["duplicates"]["absorbed"]
-    assert s["duplicates"]["absorbed_by_ledger"] == 1  # the late re-delivery
+    # the late re-delivery at least; a burst duplicate whose twin had already finished
+    # (its ``until_done`` reservation released) is the ledger's too: that is timing
+    assert s["duplicates"]["absorbed_by_ledger"] >= 1
     engine = shop.make_engine(s["database_url"])
     store = open_store(s["store_url"])
     try:
