@@ -44,8 +44,6 @@ from conventions.store.redis_results import ResultWrite
 
 logger = logging.getLogger("conventions.results")
 
-#: the ``result_backend`` prefix that selects this backend
-BACKEND = "conventions.results:RedisBackend"
 #: a task class attribute: its STARTED write may wait for its claim
 RIDES = "rides_results"
 
@@ -180,6 +178,5 @@ def settle() -> None:
     _local.completion = None
     try:
         pending.run(None)
-    except Exception:
+    except Exception:  # the lease runs out and a redelivery or replay runs the body again
         logger.error("could not record %s as done", pending.args[0], exc_info=True)
-        raise

@@ -31,7 +31,7 @@ from conventions import (
     overlap,
     queues,
     results,
-)  # fmt: skip
+)
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
