@@ -55,13 +55,7 @@ def _same_server(conf: Any, store: Any) -> bool:
     url = urlsplit(str(conf.get("broker_url") or ""))
     if url.scheme not in ("redis", "rediss"):
         return False
-    name, port = store.server()
-    return (host(url.hostname), url.port or 6379) == (host(name), port)
-
-
-def host(name: str | None) -> str:
-    """A host name as compared between clients (``localhost`` is the loopback address)."""
-    return "127.0.0.1" if name in (None, "", "localhost") else str(name)
+    return store.shares_server(url.hostname, url.port or 6379)
 
 
 def hook(

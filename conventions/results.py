@@ -37,7 +37,6 @@ from celery.app.task import get_actual_ignore_result
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from kombu.utils.encoding import bytes_to_str
 
-from conventions import onetrip
 from conventions.records import AuditEvent, Claim
 from conventions.store.redis import RedisStore, database_of
 from conventions.store.redis_results import ResultWrite
@@ -52,16 +51,20 @@ _local = threading.local()  # per worker thread (per greenlet when patched)
 
 @dataclass
 class _Completion:
-    """The runner's completion, waiting for the SUCCESS write of ``result_key``."""
+    """The runner's completion: run now, or waiting for the SUCCESS write of
+    ``result_key``."""
 
     result_key: str
-    store: RedisStore
+    store: Any
     args: tuple[str, str, str, float, str | None]
     audit: AuditEvent
     after: Callable[[], None]
 
     def run(self, result: ResultWrite | None) -> None:
-        self.store.complete(*self.args, audit=self.audit, result=result)
+        """Complete the key (with ``result`` in the same script when given), then
+        ``after``."""
+        riding = {} if result is None else {"result": result}  # any store, or the Redis one
+        self.store.complete(*self.args, audit=self.audit, **riding)
         self.after()
 
 
@@ -98,13 +101,12 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         cached = self.__dict__.get("_cc_alongside")
         if cached is not None and cached[0] is store:
             return cached[1]  # type: ignore[no-any-return]
+        kwargs = self.client.connection_pool.connection_kwargs
         answer = None
-        if isinstance(store, RedisStore):
-            kwargs = self.client.connection_pool.connection_kwargs
-            mine = onetrip.host(kwargs.get("host") or kwargs.get("path")), kwargs.get("port")
-            host, port = store.server()
-            if mine[0] == onetrip.host(host) and int(mine[1] or 0) == port:
-                answer = store
+        if isinstance(store, RedisStore) and store.shares_server(
+            kwargs.get("host") or kwargs.get("path"), kwargs.get("port")
+        ):
+            answer = store
         self.__dict__["_cc_alongside"] = (store, answer)
         return answer
 
@@ -114,26 +116,22 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
             return False
         if self.store_alongside(task.store) is None or key != self.result_key(task.request.id):
             return False
-        _local.started = self.write(key, value)
+        _local.started = (task.request.id, self.write(key, value))
         return True
 
 
 def claim(
     task: Any, key: str, owner: str, lease: float, delivery_id: str, *, audit: AuditEvent
 ) -> Claim:
-    """``task.store.claim``, carrying the STARTED write Celery held back for it."""
-    held: ResultWrite | None = getattr(_local, "started", None)
+    """``task.store.claim``, carrying the STARTED write Celery held back for this job
+    (the backend holds one only for a Redis store on its server)."""
+    held: tuple[str, ResultWrite] | None = getattr(_local, "started", None)
     _local.started = None
-    store = task.store
-    backend = task.backend
-    if (
-        held is not None
-        and isinstance(backend, RedisBackend)
-        and held.key == backend.result_key(task.request.id)
-        and isinstance(store, RedisStore)
-    ):
-        return store.claim(key, owner, lease, delivery_id, audit=audit, result=held)
-    return store.claim(key, owner, lease, delivery_id, audit=audit)  # type: ignore[no-any-return]
+    if held is not None and held[0] == task.request.id:
+        return task.store.claim(  # type: ignore[no-any-return]
+            key, owner, lease, delivery_id, audit=audit, result=held[1]
+        )
+    return task.store.claim(key, owner, lease, delivery_id, audit=audit)  # type: ignore[no-any-return]
 
 
 def complete(
@@ -149,13 +147,15 @@ def complete(
     """``task.store.complete(key, owner, "succeeded", ...)`` and then ``after()``: now, or
     in the same script as Celery's SUCCESS write when one follows the body."""
     backend, request = task.backend, task.request
-    store = backend.store_alongside(task.store) if isinstance(backend, RedisBackend) else None
-    if store is not None and _success_write_follows(task, request):
-        args = (key, owner, "succeeded", keep, reserved_by)
-        _local.completion = _Completion(backend.result_key(request.id), store, args, audit, after)
-        return
-    task.store.complete(key, owner, "succeeded", keep, reserved_by, audit=audit)
-    after()
+    riding = isinstance(backend, RedisBackend) and backend.store_alongside(task.store) is not None
+    completion = _Completion(
+        "", task.store, (key, owner, "succeeded", keep, reserved_by), audit, after
+    )
+    if riding and _success_write_follows(task, request):
+        completion.result_key = backend.result_key(request.id)
+        _local.completion = completion
+    else:
+        completion.run(None)
 
 
 def _success_write_follows(task: Any, request: Any) -> bool:

@@ -144,15 +144,7 @@ class ConventionTask(Task):  # type: ignore[misc]
                 key, task_id, self._dedup_ttl(), audit=None if refusal else published
             )
             if holder is not None:
-                audit.record(
-                    store,
-                    "deduplicated",
-                    self.name,
-                    holder,
-                    headers,
-                    detail={"duplicate_of": holder},
-                )
-                return DuplicateResult(holder, app=self.app)
+                return self._duplicate_of(holder, headers)
         if refusal is not None:
             return backpressure.refuse(self, refusal, key, task_id, headers)
         try:
@@ -200,12 +192,7 @@ class ConventionTask(Task):  # type: ignore[misc]
                 )  # fmt: skip
         except onetrip.Deduplicated as duplicate:
             onetrip.forget(self.app, task_id)
-            holder = duplicate.holder
-            audit.record(
-                self.store, "deduplicated", self.name, holder, headers,
-                detail={"duplicate_of": holder},
-            )  # fmt: skip
-            return DuplicateResult(holder, app=self.app)
+            return self._duplicate_of(duplicate.holder, headers)
         except BaseException as exc:
             self._publish_failed(key, task_id, headers, exc)
             raise
@@ -214,6 +201,15 @@ class ConventionTask(Task):  # type: ignore[misc]
             self.store.add_audit(published)
         result.deduplicated = False
         return result
+
+    def _duplicate_of(self, holder: str, headers: dict[str, Any]) -> DuplicateResult:
+        """The holder's handle, for a publish whose key another job holds (nothing was
+        enqueued), with its ``deduplicated`` audit event."""
+        audit.record(
+            self.store, "deduplicated", self.name, holder, headers,
+            detail={"duplicate_of": holder},
+        )  # fmt: skip
+        return DuplicateResult(holder, app=self.app)
 
     def _publish_failed(
         self, key: str, task_id: str, headers: dict[str, Any], exc: BaseException

@@ -264,6 +264,16 @@ class RedisStore(RedisRecords, RedisCoordination):
         kwargs = self.client.connection_pool.connection_kwargs
         return str(kwargs.get("host") or kwargs.get("path")), int(kwargs.get("port") or 0)
 
+    def shares_server(self, host: str | None, port: int | None) -> bool:
+        """Whether a client of ``host:port`` talks to the store's Redis server (any
+        database; ``localhost`` is the loopback address)."""
+
+        def loopback(name: str | None) -> str:
+            return "127.0.0.1" if name in (None, "", "localhost") else str(name)
+
+        name, own_port = self.server()
+        return (loopback(host), int(port or 0)) == (loopback(name), own_port)
+
     def unreserve(self, key: str, job_id: str) -> None:
         self._unreserve(keys=[keys.dedup(key, self.prefix)], args=[job_id])
 
