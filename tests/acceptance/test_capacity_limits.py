@@ -45,7 +45,7 @@ def test_three_workers_keep_a_fleet_wide_rate_and_other_queues_keep_running(
         )  # fmt: skip
     started = time.monotonic()
     calls = [cap.rated_call.delay(call_id=f"r{n:03d}") for n in range(200)]
-    time.sleep(3)
+    wait_for(lambda: len(provider.arrivals) >= 2 * RATE or None, timeout=60)  # under way
     others = [cap.quick.delay(call_id=f"other{n}") for n in range(10)]
     assert [r.get(timeout=30) for r in others] == [f"other{n}" for n in range(10)]
     others_done = time.monotonic() - started

@@ -7,8 +7,14 @@ random moments while the work is under way, waits for the end and counts two num
 **jobs lost** (an event never applied) and **business effects duplicated** (an extra
 application of an event: ``shop.apply_payment`` is not idempotent on purpose). Ours
 must be 0 and 0. Raw Celery runs the same effect with its defaults and with late acks
-but no idempotency; its numbers depend on where the blows land, so they are reported,
-not asserted (``build/chaos-report.md``, printed with ``pytest -s``).
+but no idempotency. Its exact numbers depend on where the blows land, so they are
+reported (``build/chaos-report.md``, printed with ``pytest -s``) and checked against
+what the blows can do at most: early acks lose at least one job and duplicate none;
+late acks lose at most the message each killed main process had in flight and
+duplicate at most the jobs its killed processes were running.
+
+Every run's seed is fixed and printed (``CHAOS_SEED`` overrides the base seed), so a
+failure can be replayed with the same blows at the same moments of the plan.
 
 Receipts are counted apart: a payment committed by a job whose worker dies before it
 publishes ``email.send_receipt.v2`` loses its receipt (crash window 7 of
@@ -29,7 +35,13 @@ from sqlalchemy import Engine
 
 from tests.acceptance import chaos_report
 from tests.acceptance.chaos_runs import Blow, Crew, run
-from tests.acceptance.support_chaos import Outcome, RedisServer, own_redis, shop_database
+from tests.acceptance.support_chaos import (
+    Outcome,
+    RedisServer,
+    chaos_seed,
+    own_redis,
+    shop_database,
+)
 
 pytestmark = pytest.mark.chaos
 
@@ -42,6 +54,11 @@ SMALL_JOBS = 1000
 WHOLE_WORKERS_KILLED = 2
 POOL_PROCESSES_KILLED = 3
 SIGTERMS = 3
+#: the pool size of every chaos worker (``support_chaos.Worker``)
+CONCURRENCY = 2
+#: Celery's default prefetch: a worker with early acks holds this many messages
+#: delivered but not acked (a whole-worker kill strands them for the one-hour timeout)
+DEFAULT_PREFETCH = 4 * CONCURRENCY
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +104,24 @@ def _report(outcome: Outcome, outcomes: list[Outcome]) -> None:
     print(f"\n{outcome}")
 
 
+def _assert_within_what_the_blows_can_do(profile: str, outcome: Outcome) -> None:
+    """Raw Celery's counts, bounded by what each blow can do to it (a count outside
+    these bounds is a defect of the measurement, not of Celery)."""
+    if profile == "default":
+        # early acks: a running job is acked before it runs, and a whole worker's
+        # prefetched messages wait an hour for the visibility timeout: lost, never twice
+        most = WHOLE_WORKERS_KILLED * (DEFAULT_PREFETCH + CONCURRENCY) + POOL_PROCESSES_KILLED
+        assert 1 <= outcome.lost <= most, outcome
+        assert outcome.duplicated == 0, outcome
+    else:
+        # late acks: a killed main process loses at most the one message its fetch had
+        # popped but not yet recorded as unacked (kombu's BRPOP window); a killed process
+        # applies again at most the jobs it was running (committed, not acked)
+        assert outcome.lost <= WHOLE_WORKERS_KILLED, outcome
+        most = WHOLE_WORKERS_KILLED * CONCURRENCY + POOL_PROCESSES_KILLED
+        assert outcome.duplicated <= most, outcome
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("profile", ["ours", "default", "acks_late"])
 def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_once(
@@ -96,7 +131,7 @@ def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_on
     tmp_path: Path,
     outcomes: list[Outcome],
 ) -> None:
-    seed = random.randrange(1 << 30)
+    seed = chaos_seed(f"kill-9-{profile}")
     outcome = run(
         "kill -9", profile, chaos_redis, shop, tmp_path / "workers", JOBS,
         kill_nine_plan(seed), seed,
@@ -106,7 +141,8 @@ def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_on
         outcome.chaos
     )
     if profile != "ours":
-        return  # raw Celery's numbers depend on where the blows land: reported, not asserted
+        _assert_within_what_the_blows_can_do(profile, outcome)
+        return
     # a whole worker killed between fetching a message and recording it as unacked leaves
     # it in its inbox (conventions.broker): a live worker's sweep gives it back
     assert (outcome.lost, outcome.duplicated, outcome.dead_letters) == (0, 0, 0), outcome
@@ -120,7 +156,7 @@ def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_on
 def test_payments_through_sigterms_under_load_lose_nothing_and_apply_once(
     chaos_redis: RedisServer, small_shop: Engine, tmp_path: Path, outcomes: list[Outcome]
 ) -> None:
-    seed = random.randrange(1 << 30)
+    seed = chaos_seed("sigterm")
     outcome = run(
         "SIGTERM", "ours", chaos_redis, small_shop, tmp_path / "workers", SMALL_JOBS,
         [Crew.sigterm] * SIGTERMS, seed,
@@ -142,7 +178,7 @@ def test_payments_through_a_redis_crash_with_aof_lose_nothing_and_apply_once(
         chaos_redis.restart(signal.SIGKILL, down=down)
         return f"Redis kill -9, restarted from its AOF after {time.monotonic() - started:.1f}s"
 
-    seed = random.randrange(1 << 30)
+    seed = chaos_seed("redis-crash")
     outcome = run(
         "Redis crash", "ours", chaos_redis, small_shop, tmp_path / "workers", SMALL_JOBS,
         [crash_redis], seed, publish_first=True,

@@ -42,6 +42,7 @@ from conventions.broker import in_inboxes
 from tasks import app, db, shop
 from tasks.payments import apply_event
 from tests.acceptance import support_crash
+from tests.acceptance.support_chaos import chaos_seed
 from tests.fixtures import WorkerProcess
 from tests.integration.helpers import publish_foreign, wait_for
 
@@ -256,7 +257,7 @@ class Killer(threading.Thread):
         self.lock = threading.Lock()
         self.children_killed = 0
         self.stop = threading.Event()
-        self.rng = random.Random()
+        self.rng = random.Random(chaos_seed("idempotency-killer"))
         self.kill_worker_at = set(self.rng.sample(range(1, 25), CHAOS_WORKERS_KILLED))
 
     def goal_reached(self) -> bool:

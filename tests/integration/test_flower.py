@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -73,7 +72,9 @@ def test_flower_shows_a_jobs_correlation_id_and_guards_all_but_metrics(
     flower: str, worker_process: Callable[..., Any]
 ) -> None:
     worker_process("flowered", "email", include="tests.integration.support_metrics")
-    time.sleep(1)  # Flower's event consumer is connected once it answers; let it settle
+    # Flower answers before its event consumer is connected: wait until it saw a job
+    warm_up = support_metrics.metered.delay(item_id="flower_warm_up")
+    wait_for(lambda: _tasks(flower).get(warm_up.id), timeout=30, every=0.5)
     with bind(correlation_id="corr-flower-1"):
         handle = support_metrics.metered.delay(item_id="flower_1")
     assert handle.get(timeout=30) == "ok"

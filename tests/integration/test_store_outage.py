@@ -6,6 +6,7 @@ again; the machine's Redis (the broker) is untouched.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from conventions.records import Category
 from conventions.store import RedisStore
 from tasks import app
 from tests.fixtures import unavailable
+from tests.integration.helpers import wait_for
 from tests.integration.test_worker_contract import _foreign_publish
 
 pytestmark = pytest.mark.usefixtures("services", "thread_worker")
@@ -76,23 +78,33 @@ def spare_store() -> Iterator[SpareRedis]:
     store.close()
 
 
+def _deferred_for_the_outage(caplog: pytest.LogCaptureFixture, task_id: str) -> bool:
+    """The worker received ``task_id`` while the store was down and put it off."""
+    return any(
+        task_id in r.getMessage() and "the store is unavailable" in r.getMessage()
+        for r in caplog.records
+    )
+
+
 def test_a_job_delivered_while_the_store_is_down_runs_once_it_is_back(
-    spare_store: SpareRedis,
+    spare_store: SpareRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     spare_store.stop()
-    task_id = _foreign_publish("testing.echo.v1", {"call_id": "outage_1"})
-    time.sleep(2)  # the worker receives it while the store is down and defers it
+    with caplog.at_level(logging.INFO, logger="conventions.runner"):
+        task_id = _foreign_publish("testing.echo.v1", {"call_id": "outage_1"})
+        wait_for(lambda: _deferred_for_the_outage(caplog, task_id) or None)
     spare_store.start()
     result = app.AsyncResult(task_id).get(timeout=60)
     assert result["call_id"] == "outage_1"
 
 
 def test_a_dead_letter_that_cannot_be_written_keeps_the_job_until_it_can(
-    spare_store: SpareRedis,
+    spare_store: SpareRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     spare_store.stop()
-    task_id = _foreign_publish("testing.echo.v1", {"call_id": "bad id during outage"})
-    time.sleep(2)
+    with caplog.at_level(logging.INFO, logger="conventions.runner"):
+        task_id = _foreign_publish("testing.echo.v1", {"call_id": "bad id during outage"})
+        wait_for(lambda: _deferred_for_the_outage(caplog, task_id) or None)
     spare_store.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
