@@ -11,11 +11,14 @@ This transport moves each message, in one atomic Redis command, from its queue i
 kombu's unacked set in one Lua script. At every instant the message is in the queue, in
 an inbox or in the unacked set, all inside Redis (and its AOF), never only in a process:
 
-* a consumer announces it is alive (``_cc.alive.<consumer>``, refreshed while it
-  fetches, expiring after ``inbox_timeout`` seconds);
+* a consumer says it is alive (``_cc.alive.<consumer>``, good for ``inbox_timeout``
+  seconds) and registers its inbox in the same write as each fetch, so both are fresh
+  for as long as the fetch can fill the inbox (``inbox_timeout`` must be well above the
+  block time: checked when the channel is made);
 * every worker's periodic restore (where kombu restores unacked messages past their
   visibility timeout) also moves the messages of dead consumers' inboxes back to the
-  head of their queues;
+  head of their queues, and forgets an inbox only once it stayed empty for
+  ``inbox_timeout`` (a fetch blocked on it may still fill it);
 * the claim and the move back are atomic and exclusive: a consumer that was only slow
   finds its message gone, drops its copy, and the message is delivered once.
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,6 +55,10 @@ from kombu.transport import redis as kredis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from redis.exceptions import ResponseError
+
+from conventions.broker_checks import check_kombu, check_timing
+from conventions.errors import ConfigurationError
 
 logger = logging.getLogger("conventions.broker")
 
@@ -58,6 +66,8 @@ logger = logging.getLogger("conventions.broker")
 INBOX_TRANSPORT = "conventions.broker:Transport"
 #: the hash of every inbox (field) and the queue list it was filled from (value)
 INBOXES = "_cc.inboxes"
+#: when a sweep first found each inbox of a gone consumer empty (server time, seconds)
+DEAD_SINCE = "_cc.inboxes.dead"
 INBOX = "_cc.inbox.{consumer}:{source}"
 ALIVE = "_cc.alive.{consumer}"
 #: the content type of a wrapped entry that was not a kombu message
@@ -83,12 +93,26 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 return 1
 """
-#: KEYS: inbox, source, alive, registry -> entries given back, or -1 while alive
+#: KEYS: inbox, source, alive, registry, dead-since; ARGV: grace s -> entries given back,
+#: or -1 while alive. An inbox is forgotten only once found empty for ``grace`` seconds
+#: with its consumer gone: a fetch still under way may yet fill it, and what it puts
+#: there is given back by a later sweep (the registry still names the inbox).
 GIVE_BACK = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HDEL', KEYS[5], KEYS[1])
+  return -1
+end
 local moved = 0
 while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do moved = moved + 1 end
-redis.call('HDEL', KEYS[4], KEYS[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local since = tonumber(redis.call('HGET', KEYS[5], KEYS[1]))
+if moved > 0 or not since then
+  redis.call('HSET', KEYS[5], KEYS[1], string.format('%.6f', now))
+elseif now - since >= tonumber(ARGV[1]) then
+  redis.call('HDEL', KEYS[4], KEYS[1])
+  redis.call('HDEL', KEYS[5], KEYS[1])
+end
 return moved
 """
 
@@ -180,12 +204,13 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self.consumer_id = uuid.uuid4().hex
         self.claimed: dict[str, bool] = {}
         self._inboxes: dict[str, str] = {}
-        self._alive_at = float("-inf")
         self._swept_empty = False
         self._turn = 0
         self._sent: tuple[str, list[str]] = ("", [])
         self._sync_client: Any = None
         super().__init__(*args, **kwargs)
+        check_kombu(self)
+        check_timing(self.inbox_timeout, self.brpop_timeout, self.fetch_wait)
         self._claim = self.client.register_script(CLAIM)  # EVALSHA, loaded when missing
         if self.global_keyprefix:
             raise ValueError(
@@ -231,33 +256,48 @@ class Channel(kredis.Channel):  # type: ignore[misc]
     # -- fetching ---------------------------------------------------------------------
 
     def _brpop_start(self, timeout: float | None = None) -> None:
-        if timeout is None:
-            timeout = self.brpop_timeout
+        # never longer than the block that check_timing weighed inbox_timeout against
+        block = min(timeout or self.brpop_timeout, self.brpop_timeout)
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
         sources = list(
             dict.fromkeys(self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues)
         )
-        self._keep_alive(sources)
+        for source in sources:
+            if source not in self._inboxes:
+                self._inboxes[source] = INBOX.format(consumer=self.consumer_id, source=source)
         if len(sources) == 1:
-            command = ["BLMOVE", sources[0], self._inboxes[sources[0]], "RIGHT", "LEFT"]
-            self._send("BLMOVE", sources[:1], [*command, timeout or 0])
+            command = ["BLMOVE", sources[0], self._inboxes[sources[0]], "RIGHT", "LEFT", block]
+            self._send("BLMOVE", sources[:1], command)
         elif not self._swept_empty:
             inboxes = [self._inboxes[s] for s in sources]
             self._send("EVAL", sources, ["EVAL", SWEEP, 2 * len(sources), *sources, *inboxes])
         else:
             self._turn = (self._turn + 1) % len(sources)
             source = sources[self._turn]
-            wait = min(self.fetch_wait, timeout or self.fetch_wait)
+            wait = min(self.fetch_wait, block)
             command = ["BLMOVE", source, self._inboxes[source], "RIGHT", "LEFT", wait]
             self._send("BLMOVE", [source], command)
 
     def _send(self, kind: str, sources: list[str], command: list[Any]) -> None:
+        """Send the fetch after this consumer's sign of life, in one write on the same
+        connection: Redis runs the three back to back, so the alive key (good for
+        ``inbox_timeout``, longer than any block) and the inbox's registration are
+        fresh whenever a fetch can fill the inbox. ``CLIENT REPLY SKIP`` drops the first
+        two replies: the fetch's is the only one to read, no round trip is added."""
+        skip = ["CLIENT", "REPLY", "SKIP"]
+        alive = ["SET", self.alive_key, 1, "PX", math.ceil(self.inbox_timeout * 1000)]
+        register = ["HSET", INBOXES]
+        for source in sources:
+            register += [self._inboxes[source], source]
+        connection = self.client.connection
         self._sent = (kind, sources)
-        self._in_poll = self.client.connection
+        self._in_poll = connection
         self._brpop_sent_at = monotonic()
-        self.client.connection.send_command(*command)
+        connection.send_packed_command(
+            connection.pack_commands([skip, alive, skip, register, command])
+        )
 
     def _brpop_read(self, **options: Any) -> bool:
         kind, sources = self._sent
@@ -267,6 +307,15 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
+            except ResponseError as exc:
+                if "client" not in str(exc).lower():
+                    raise
+                self.client.connection.disconnect()  # its replies are out of step now
+                raise ConfigurationError(
+                    f"conventions.broker needs CLIENT REPLY on the broker's Redis ({exc}): "
+                    "allow it to the broker's user (ACL +client|reply), or use kombu's "
+                    "Redis transport"
+                ) from exc
             if kind == "EVAL":
                 self._swept_empty = not reply
                 if not reply:
@@ -310,25 +359,11 @@ class Channel(kredis.Channel):  # type: ignore[misc]
 
     # -- liveness and giving back -----------------------------------------------------
 
-    def _keep_alive(self, sources: list[str]) -> None:
-        """Name an inbox per source list, and say this consumer is alive (at most every
-        third of ``inbox_timeout``): the registry is written again each time, so an
-        inbox given back while the consumer was busy is known again before its use."""
-        fresh = [s for s in sources if s not in self._inboxes]
-        for source in fresh:
-            self._inboxes[source] = INBOX.format(consumer=self.consumer_id, source=source)
-        if not fresh and monotonic() - self._alive_at < self.inbox_timeout / 3:
-            return
-        with self.conn_or_acquire() as client:
-            pipe = client.pipeline()
-            pipe.set(self.alive_key, 1, ex=max(1, round(self.inbox_timeout)))
-            pipe.hset(INBOXES, mapping={inbox: s for s, inbox in self._inboxes.items()})
-            pipe.execute()
-        self._alive_at = monotonic()
-
     def give_back_dead_inboxes(self) -> int:
         """Move what dead consumers' inboxes hold back to the head of their queues (one
-        pipelined script per other consumer's inbox; a live one's is left alone)."""
+        pipelined script per other consumer's inbox; a live one's is left alone). An
+        inbox is forgotten once found empty for ``inbox_timeout``, never at once: a
+        fetch of its consumer may still be blocked on it, as after ``close``."""
         with self.conn_or_acquire() as client:
             others = []
             for raw_inbox, raw_source in client.hgetall(INBOXES).items():
@@ -339,8 +374,9 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 return 0
             pipe = client.pipeline(transaction=False)
             for inbox, source in others:
-                keys = [inbox, source, ALIVE.format(consumer=consumer_of(inbox)), INBOXES]
-                pipe.eval(GIVE_BACK, len(keys), *keys)
+                alive = ALIVE.format(consumer=consumer_of(inbox))
+                keys = [inbox, source, alive, INBOXES, DEAD_SINCE]
+                pipe.eval(GIVE_BACK, len(keys), *keys, repr(float(self.inbox_timeout)))
             counts = [int(count) for count in pipe.execute()]
         for (_, source), count in zip(others, counts, strict=True):
             if count > 0:

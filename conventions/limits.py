@@ -28,7 +28,7 @@ import random
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject
 
@@ -200,25 +200,47 @@ def _take_tokens(
 def _take_slots(
     delivery: Delivery, store: Store, limits: list[Limit], state: dict[str, Any]
 ) -> list[str]:
-    """A slot of every cap, held by the lease keeper; all or none."""
-    held: list[str] = []
-    for limit in limits:
-        if not limit.concurrency:
-            continue
-        slot = store.acquire_any(limit.slots(), delivery.owner, limit.lease)
-        if slot is None:
-            for name in held:
-                store.release_lease(name, delivery.owner)
-            waits = int(state.get("waits", 0)) + 1
-            delivery.headers[HEADER] = {"waits": waits}
-            countdown = min(SLOT_WAIT_CAP, SLOT_WAIT_BASE * 2 ** min(waits, 8))
-            delivery.defer(
-                f"{limit.name} is at its cap of {limit.concurrency} at once",
-                countdown=countdown * random.uniform(0.5, 1.0),
-            )
-        held.append(slot)
-        keeper.hold_lease(store, slot, delivery.owner, limit.lease)
-    return held
+    """A slot of every cap, all or none: the keeper renews them only once all are held.
+
+    A refusal (a cap is full) or an error (the store failed between two acquisitions)
+    gives back every slot already taken, at once, and none ever reached the keeper: a
+    slot left held would be renewed for the life of the worker, one less for the fleet.
+    """
+    held: list[tuple[str, float]] = []
+    try:
+        for limit in limits:
+            if not limit.concurrency:
+                continue
+            slot = store.acquire_any(limit.slots(), delivery.owner, limit.lease)
+            if slot is None:
+                _give_back(store, held, delivery.owner)
+                _defer_for_slot(delivery, limit, state)
+            held.append((slot, limit.lease))
+    except BaseException:
+        _give_back(store, held, delivery.owner)
+        raise
+    for slot, lease in held:
+        keeper.hold_lease(store, slot, delivery.owner, lease)
+    return [slot for slot, _ in held]
+
+
+def _give_back(store: Store, held: list[tuple[str, float]], owner: str) -> None:
+    """Release slots that never reached the keeper (one the store cannot release now
+    expires after its lease, unrenewed)."""
+    while held:
+        name, _ = held.pop()
+        with contextlib.suppress(Exception):
+            store.release_lease(name, owner)
+
+
+def _defer_for_slot(delivery: Delivery, limit: Limit, state: dict[str, Any]) -> NoReturn:
+    waits = int(state.get("waits", 0)) + 1
+    delivery.headers[HEADER] = {"waits": waits}
+    countdown = min(SLOT_WAIT_CAP, SLOT_WAIT_BASE * 2 ** min(waits, 8))
+    delivery.defer(
+        f"{limit.name} is at its cap of {limit.concurrency} at once",
+        countdown=countdown * random.uniform(0.5, 1.0),
+    )
 
 
 def _tighten(store: Store, limits: list[Limit], exc: BaseException) -> None:

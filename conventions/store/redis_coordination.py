@@ -70,6 +70,10 @@ local function save(key, tat, use, paused, at)
   local idle = math.max(tat, use, paused) - at + 60
   redis.call('PEXPIRE', key, math.ceil(idle * 1000))
 end
+local function waiting(wait)
+  -- never '0.000000' for a wait above 0: the caller would take it for a token taken
+  return string.format('%.6f', math.max(wait, 0.000001))
+end
 local b = redis.call('HMGET', KEYS[1], 'tat', 'use', 'paused')
 local old_tat, old_use = tonumber(b[1]) or 0, tonumber(b[2]) or 0
 local paused = tonumber(b[3]) or 0
@@ -90,7 +94,7 @@ if ARGV[4] == '1' then
 else
   local sched = math.max(tat, paused)
   wait = math.max(sched - slack, free_at) - at
-  if wait > max_wait then return string.format('%.6f', wait) end
+  if wait > max_wait then return waiting(wait) end
   tat = sched + interval
 end
 if wait <= 0 then
@@ -98,7 +102,7 @@ if wait <= 0 then
   return '0'
 end
 save(KEYS[1], tat, old_use, paused, at)
-return string.format('%.6f', wait)
+return waiting(wait)
 """
 )
 
