@@ -2,7 +2,9 @@
 
     conventions outbox relay [--url URL] [--once] [--batch N] [--poll SECONDS]
                              [--max-backoff SECONDS] [--retention DURATION]
+                             [--max-attempts N]
     conventions outbox status [--url URL] [--json] [--max-lag SECONDS]
+    conventions outbox dead [--url URL] [--json] [--limit N]
     conventions outbox init [--url URL]
 
 The database is ``--url``, else the app's ``conventions_outbox_url`` setting.
@@ -11,6 +13,8 @@ The database is ``--url``, else the app's ``conventions_outbox_url`` setting.
 Without ``--once`` the relay runs until SIGTERM or SIGINT, finishing its batch first.
 ``status --max-lag S`` exits 1 when the oldest unpublished row is older than S seconds
 (a health check: the relay is down, or the broker has been unreachable for that long).
+``dead`` lists the rows dead-lettered after their attempts ran out (their dead letters
+are in ``conventions dlq list``).
 """
 
 from __future__ import annotations
@@ -86,6 +90,13 @@ def add_parser(commands: Any) -> None:
         metavar="DURATION",
         help=f"keep published rows this long (default {relaylib.DEFAULT_RETENTION.days}d)",
     )
+    run.add_argument(
+        "--max-attempts",
+        type=_number(int),
+        metavar="N",
+        help="dead-letter a row failing for its own reason after N attempts (default: "
+        f"conventions_outbox_max_attempts, else {relaylib.DEFAULT_MAX_ATTEMPTS})",
+    )
 
     show = actions.add_parser("status", help="pending rows, failures and the outbox lag")
     show.add_argument("--url", help=url_help)
@@ -96,6 +107,11 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="exit 1 when the oldest unpublished row is older than this",
     )
+
+    dead = actions.add_parser("dead", help="rows dead-lettered after their attempts")
+    dead.add_argument("--url", help=url_help)
+    dead.add_argument("--json", action="store_true", help="print JSON")
+    dead.add_argument("--limit", type=_number(int), default=100, metavar="N")
 
     init = actions.add_parser("init", help="create the outbox table (idempotent)")
     init.add_argument("--url", help=url_help)
@@ -123,15 +139,18 @@ def _relay(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     handler.setFormatter(logs.formatter(str(app.conf.get("conventions_log_format") or "text")))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     engine = engine_for(app, args.url)
-    relay = relaylib.Relay(app, engine, batch=args.batch, retention=args.retention)
+    relay = relaylib.Relay(
+        app, engine, batch=args.batch, retention=args.retention, max_attempts=args.max_attempts
+    )
     try:
         if args.once:
             result = relay.drain()
             relay.release()
             locked = " (another relay holds the lease)" if result.locked_out else ""
+            dead = f" ({result.dead} dead-lettered)" if result.dead else ""
             print(
                 f"published {result.published} ({result.deduplicated} deduplicated), "
-                f"failed {result.failed}{locked}",
+                f"failed {result.failed}{dead}{locked}",
                 file=out,
             )
             if result.unavailable:
@@ -159,7 +178,7 @@ def _status(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     else:
         print(
             f"pending {state.pending} (failing {state.failing}), published kept "
-            f"{state.published}, lag {state.lag:.1f}s",
+            f"{state.published}, lag {state.lag:.1f}s, dead {state.dead}",
             file=out,
         )
         if state.last_error:
@@ -167,6 +186,35 @@ def _status(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if args.max_lag is not None and state.lag > args.max_lag:
         print(f"conventions: outbox lag {state.lag:.0f}s is above {args.max_lag:.0f}s", file=err)
         return 1
+    return 0
+
+
+def _dead(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    engine = engine_for(app, args.url)
+    try:
+        outbox.create_table(engine)
+        rows = outbox.dead_rows(engine, args.limit)
+    finally:
+        engine.dispose()
+    shown = [
+        {
+            "id": row.id, "task_id": row.task_id, "task": row.task,
+            "idempotency_key": row.idempotency_key, "attempts": row.attempts,
+            "created_at": row.created_at.isoformat(), "failed_at": row.failed_at.isoformat(),
+            "last_error": row.last_error,
+        }
+        for row in rows
+    ]  # fmt: skip
+    if args.json:
+        print(json.dumps(shown, indent=2), file=out)
+        return 0
+    for row in shown:
+        print(
+            f"{row['failed_at']}  {row['task']}[{row['task_id']}] {row['idempotency_key']}  "
+            f"after {row['attempts']} attempts: {row['last_error']}",
+            file=out,
+        )
+    print(f"{len(shown)} dead-lettered rows (their dead letters: conventions dlq list)", file=out)
     return 0
 
 
@@ -184,5 +232,6 @@ Command = Callable[[App, argparse.Namespace, TextIO, TextIO], int]
 COMMANDS: dict[tuple[str, str | None], Command] = {
     ("outbox", "relay"): _relay,
     ("outbox", "status"): _status,
+    ("outbox", "dead"): _dead,
     ("outbox", "init"): _init,
 }

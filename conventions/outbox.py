@@ -19,12 +19,17 @@ Each row gets its Celery task id when it is added; every publish of the row uses
 relay that dies between publishing and marking publishes the same task id again, which
 enqueue dedup and the execution ledger absorb.
 
+A row that keeps failing for its own reason (a payload the task no longer accepts, a
+task the relay's app does not know) is dead-lettered after its attempts: a dead letter in
+the layer's store, and ``failed_at`` set on the row, which the relay then leaves alone.
+
 The table works on PostgreSQL and SQLite; the Django integration
 (``conventions.django_outbox``) maps the same table.
 """
 
 from __future__ import annotations
 
+import socket
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -34,7 +39,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from conventions.records import utcnow
+from conventions import context, decisions
+from conventions.deadletter import MAX_MESSAGE, scrub
+from conventions.errors import PayloadError
+from conventions.records import Category, DeadLetter, utcnow
 from conventions.store.sql import UTCDateTime
 
 if TYPE_CHECKING:
@@ -66,8 +74,15 @@ table = sa.Table(
     sa.Column("next_attempt_at", UTCDateTime(), nullable=False),
     sa.Column("published_at", UTCDateTime(), nullable=True),
     sa.Column("last_error", sa.Text(), nullable=True),
+    #: the relay gave up on the row (its attempts ran out) and dead-lettered it
+    sa.Column("failed_at", UTCDateTime(), nullable=True),
 )
+#: the indexes' predicate: not published (dead rows included, so the indexes stay as made)
 _pending = table.c.published_at.is_(None)
+#: what the relay still has to publish: not published, not dead-lettered
+_waiting = sa.and_(_pending, table.c.failed_at.is_(None))
+#: a dead-lettered row
+_dead = table.c.failed_at.is_not(None)
 sa.Index("cc_outbox_due", table.c.next_attempt_at, postgresql_where=_pending, sqlite_where=_pending)
 sa.Index(
     "cc_outbox_pending_age", table.c.created_at, postgresql_where=_pending, sqlite_where=_pending
@@ -78,8 +93,22 @@ Bind = Session | sa.Connection
 
 
 def create_table(bind: sa.Engine | sa.Connection) -> None:
-    """Create the outbox table and its indexes in the app's database (idempotent)."""
+    """Create the outbox table and its indexes in the app's database (idempotent); add
+    the columns a table made by an older version lacks (``failed_at``)."""
     metadata.create_all(bind, checkfirst=True)
+    if isinstance(bind, sa.Engine):
+        with bind.begin() as conn:
+            _add_missing_columns(conn)
+    else:
+        _add_missing_columns(bind)
+
+
+def _add_missing_columns(conn: sa.Connection) -> None:
+    present = {column["name"] for column in sa.inspect(conn).get_columns(TABLE)}
+    for column in table.c:
+        if column.name not in present and column.nullable:
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE {TABLE} ADD COLUMN {column.name} {kind}"))
 
 
 def row_for(
@@ -109,6 +138,7 @@ def row_for(
         "next_attempt_at": now,
         "published_at": None,
         "last_error": None,
+        "failed_at": None,
     }
 
 
@@ -140,10 +170,12 @@ def add_call(
 class Status:
     """The outbox at a glance (``conventions outbox status``)."""
 
-    #: rows not published yet
+    #: rows not published yet (dead-lettered ones apart)
     pending: int
     #: pending rows whose last publish failed
     failing: int
+    #: rows dead-lettered after their attempts (``conventions outbox dead``)
+    dead: int
     #: published rows kept until the retention purges them
     published: int
     #: age of the oldest pending row in seconds (0 when none is pending)
@@ -155,6 +187,7 @@ class Status:
         return {
             "pending": self.pending,
             "failing": self.failing,
+            "dead": self.dead,
             "published": self.published,
             "lag_seconds": round(self.lag, 3),
             "last_error": self.last_error,
@@ -165,11 +198,12 @@ def lag(bind: sa.Engine | sa.Connection, now: datetime | None = None) -> float:
     """The outbox lag: the age in seconds of the oldest row not yet published (0 if none).
 
     A growing lag means the relay is down, the broker unreachable, or a row keeps failing.
+    Dead-lettered rows do not count: their dead letter is the alarm.
     """
     if isinstance(bind, sa.Engine):
         with bind.connect() as conn:
             return lag(conn, now)
-    oldest = bind.execute(sa.select(sa.func.min(table.c.created_at)).where(_pending)).scalar()
+    oldest = bind.execute(sa.select(sa.func.min(table.c.created_at)).where(_waiting)).scalar()
     if oldest is None:
         return 0.0
     age: float = ((now or utcnow()) - oldest).total_seconds()
@@ -179,28 +213,72 @@ def lag(bind: sa.Engine | sa.Connection, now: datetime | None = None) -> float:
 def status(engine: sa.Engine) -> Status:
     """Counts, the lag and the latest error of the outbox."""
     with engine.connect() as conn:
-        pending, failing, published = conn.execute(
+        pending, failing, dead, published = conn.execute(
             sa.select(
-                sa.func.count().filter(_pending),
-                sa.func.count().filter(_pending, table.c.attempts > 0),
+                sa.func.count().filter(_waiting),
+                sa.func.count().filter(_waiting, table.c.attempts > 0),
+                sa.func.count().filter(_dead),
                 sa.func.count().filter(table.c.published_at.is_not(None)),
             )
         ).one()
         last_error = conn.execute(
             sa.select(table.c.last_error)
-            .where(_pending, table.c.last_error.is_not(None))
+            .where(_waiting, table.c.last_error.is_not(None))
             .order_by(table.c.next_attempt_at.desc())
             .limit(1)
         ).scalar()
-        return Status(int(pending), int(failing), int(published), lag(conn), last_error)
+        counts = (int(pending), int(failing), int(dead), int(published))
+        return Status(*counts, lag(conn), last_error)
 
 
 def purge(engine: sa.Engine, older_than: timedelta, now: datetime | None = None) -> int:
-    """Delete the rows published longer than ``older_than`` ago; return how many.
-
-    Pending rows are never purged, however old.
+    """Delete the rows published (or dead-lettered) longer than ``older_than`` ago; return
+    how many. Pending rows are never purged, however old; a dead row's dead letter stays
+    in the store under the store's own retention.
     """
     before = (now or utcnow()) - older_than
     with engine.begin() as conn:
-        deleted = conn.execute(sa.delete(table).where(table.c.published_at < before))
+        old = sa.or_(table.c.published_at < before, table.c.failed_at < before)
+        deleted = conn.execute(sa.delete(table).where(old))
         return int(deleted.rowcount)
+
+
+def dead_rows(engine: sa.Engine, limit: int = 100) -> list[Any]:
+    """The dead-lettered rows, newest first (``conventions outbox dead``)."""
+    with engine.connect() as conn:
+        query = sa.select(table).where(_dead).order_by(table.c.failed_at.desc()).limit(limit)
+        return list(conn.execute(query).all())
+
+
+def category_of(exc: Exception) -> Category:
+    """Why a row's publish failed for good: a bad payload or a task the app does not
+    know is ``invalid``; else the decision table's category, ``bug`` when unclassified."""
+    if isinstance(exc, PayloadError | LookupError):
+        return Category.INVALID
+    decision = decisions.DEFAULT_TABLE.decide(exc)
+    return decision.category if isinstance(decision, decisions.DeadLetter) else Category.BUG
+
+
+def dead_letter_of(row: Any, exc: Exception, error: str, attempts: int) -> DeadLetter:
+    """The dead letter of a row the relay gives up on: the row's job, as ``.delay()``
+    would have published it, with the relay's last error. Its id is derived from the
+    row's task id, so writing it again (a relay that died before marking) overwrites it."""
+    now = utcnow()
+    headers = dict(row.headers or {})
+    return DeadLetter(
+        id=uuid.uuid5(uuid.NAMESPACE_URL, f"cc-outbox:{row.task_id}").hex,
+        task=row.task,
+        task_id=row.task_id,
+        category=category_of(exc),
+        payload=dict(row.kwargs or {}),
+        headers=headers,
+        idempotency_key=row.idempotency_key,
+        exc_type=type(exc).__qualname__,
+        message=scrub(error, MAX_MESSAGE),
+        traceback="",
+        attempts=attempts,
+        first_failed_at=now,
+        last_failed_at=now,
+        worker=f"outbox-relay@{socket.gethostname()}",
+        correlation_id=headers.get(context.CORRELATION),
+    )

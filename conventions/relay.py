@@ -17,10 +17,19 @@ next batch publishes them again with the same task id. The enqueue reservation i
 this task id's own, and the execution ledger skips a job whose key is already done: the
 duplicate is absorbed, never run twice.
 
+A row deduplicated at publish (another job holds its key) is marked published only when
+that job will do the work (running, retrying) or did (succeeded). Under ``until_done``, a
+holder that failed, was revoked or is unknown (lost, or queued: they look the same) may
+hold a reservation nobody releases: the relay drops it and publishes the row for real;
+a holder that was only queued makes the ledger skip the second message.
+
 A publish that fails because the broker (or the store) is unreachable stops the batch;
 the relay waits with capped, jittered backoff and tries again, rows untouched. Any other
 failure (a payload the task no longer accepts, a task this app does not know) belongs to
-the row: it is retried later with its own backoff and the other rows go on.
+the row: it is retried later with its own backoff and the other rows go on, until its
+attempts run out (``conventions_outbox_max_attempts``, 10 by default: about half an hour
+of backoff). Then the row is dead-lettered: a dead letter in the layer's store (category
+``invalid`` for a bad payload or an unknown task), an audit event, ``failed_at`` set.
 """
 
 from __future__ import annotations
@@ -35,12 +44,14 @@ from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from celery import states
 from sqlalchemy.dialects import sqlite
 
-from conventions import context, logs, outbox
+from conventions import audit, context, logs, outbox
 from conventions.app import App
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, Retry
+from conventions.errors import ConfigurationError
 from conventions.records import utcnow
 from conventions.store.sql import UTCDateTime
 from conventions.task import ConventionTask
@@ -57,6 +68,10 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_MAX_BACKOFF = 30.0
 #: a row whose publish failed for its own reason waits this much (doubling) before the next try
 ROW_BACKOFF = Backoff(base=5.0, cap=600.0)
+#: publish attempts of a row failing for its own reason before it is dead-lettered
+DEFAULT_MAX_ATTEMPTS = 10
+#: a holder in these states will still run the key: a row deduplicated against it is done
+HOLDER_ALIVE = frozenset({states.RECEIVED, states.STARTED, states.RETRY})
 #: seconds between two purges of a long-running relay
 PURGE_INTERVAL = 3600.0
 #: seconds the SQLite relay lease lasts without renewal
@@ -98,6 +113,8 @@ class Batch:
     deduplicated: int = 0
     #: rows whose publish failed for their own reason (retried later with backoff)
     failed: int = 0
+    #: of the failed rows, those whose attempts ran out: dead-lettered, never tried again
+    dead: int = 0
     #: the error that stopped the batch: the broker or the store is unreachable
     unavailable: str | None = None
     #: SQLite: another relay holds the lease, this one did nothing
@@ -108,6 +125,7 @@ class Batch:
         self.published += other.published
         self.deduplicated += other.deduplicated
         self.failed += other.failed
+        self.dead += other.dead
         self.unavailable = other.unavailable
         self.locked_out = other.locked_out
 
@@ -117,6 +135,8 @@ class _Marks:
     published: list[int] = field(default_factory=list)
     #: (row, error, delay in seconds or None to keep the row due)
     failed: list[tuple[Any, str, float | None]] = field(default_factory=list)
+    #: (row, error): dead-lettered rows
+    dead: list[tuple[Any, str]] = field(default_factory=list)
 
 
 class Relay:
@@ -130,13 +150,20 @@ class Relay:
         batch: int = DEFAULT_BATCH,
         retention: timedelta = DEFAULT_RETENTION,
         owner: str | None = None,
+        max_attempts: int | None = None,
     ) -> None:
         self.app = app
+        configured = app.conf.get("conventions_outbox_max_attempts")
+        self.max_attempts = int(max_attempts or configured or DEFAULT_MAX_ATTEMPTS)
+        if self.max_attempts < 1:
+            raise ConfigurationError("conventions_outbox_max_attempts must be at least 1")
         self.engine = engine
         self.batch = batch
         self.retention = retention
         self.owner = owner or uuid.uuid4().hex
         self.postgres = engine.dialect.name == "postgresql"
+        #: the task ids published by the current batch (a holder among them is queued)
+        self._batch_ids: set[str] = set()
         outbox.create_table(engine)
         if not self.postgres:
             _lock_metadata.create_all(engine, checkfirst=True)
@@ -164,13 +191,15 @@ class Relay:
         t = outbox.table
         return (
             sa.select(t)
-            .where(t.c.published_at.is_(None), t.c.next_attempt_at <= utcnow())
+            .where(t.c.published_at.is_(None), t.c.failed_at.is_(None))
+            .where(t.c.next_attempt_at <= utcnow())
             .order_by(t.c.next_attempt_at, t.c.id)
             .limit(self.batch)
         )
 
     def _publish_all(self, rows: Sequence[Any]) -> tuple[Batch, _Marks]:
         result, marks = Batch(claimed=len(rows)), _Marks()
+        self._batch_ids.clear()
         for row in rows:
             try:
                 with logs.job_fields(**row_fields(row)):
@@ -183,9 +212,13 @@ class Relay:
                     marks.failed.append((row, error, None))
                     break
                 result.failed += 1
-                marks.failed.append((row, error, ROW_BACKOFF.delay(row.attempts + 1)))
                 with logs.job_fields(**row_fields(row)):
+                    if row.attempts + 1 >= self.max_attempts and self._dead_letter(row, exc, error):
+                        result.dead += 1
+                        marks.dead.append((row, error))
+                        continue
                     logger.warning("outbox row %s (%s) not published: %s", row.id, row.task, error)
+                marks.failed.append((row, error, ROW_BACKOFF.delay(row.attempts + 1)))
                 continue
             result.published += 1
             result.deduplicated += int(deduplicated)
@@ -194,20 +227,72 @@ class Relay:
 
     def publish(self, row: Any) -> bool:
         """Publish one row with its own task id; True when enqueue dedup answered with
-        the job already holding the key (nothing new was enqueued)."""
+        a job that holds the key and will do the work (nothing new was enqueued)."""
         task = self.app.tasks.get(row.task)
         if not isinstance(task, ConventionTask):
             raise LookupError(
                 f"task {row.task!r} is not a convention task of app {self.app.main!r}: "
                 "run the relay with the app that declares it (-A)"
             )
+        handle = self._apply(task, row)
+        if getattr(handle, "deduplicated", False) and self._stale(task, row, str(handle.id)):
+            handle = self._apply(task, row)  # the stale reservation is gone: for real
+        return bool(getattr(handle, "deduplicated", False))
+
+    def _apply(self, task: ConventionTask, row: Any) -> Any:
         handle = task.apply_async(
             kwargs=dict(row.kwargs),
             task_id=row.task_id,
             headers=dict(row.headers),
             idempotency_key=row.idempotency_key,
         )
-        return bool(getattr(handle, "deduplicated", False))
+        if not getattr(handle, "deduplicated", False):
+            self._batch_ids.add(str(handle.id))
+        return handle
+
+    def _stale(self, task: ConventionTask, row: Any, holder: str) -> bool:
+        """Whether the job holding the row's key may never do the row's work; its
+        ``until_done`` reservation is then dropped. A holder this batch published, or
+        one running or retrying, will do it; one that succeeded did (its leftover
+        reservation is dropped too). One that failed, was revoked, or that the result
+        backend does not know (lost, or still queued) may not."""
+        if holder in self._batch_ids:
+            return False
+        if task.dedup != "until_done":
+            return False  # a dedup window ("forever", a ttl) absorbs by declaration
+        state = _state_of(task, holder)
+        if state in HOLDER_ALIVE:
+            return False
+        task.store.unreserve(row.idempotency_key, holder)
+        if state == states.SUCCESS:
+            return False
+        logger.warning(
+            "outbox row %s: its key is held by %s (%s), which will not run it: published",
+            row.id, holder, state,
+        )  # fmt: skip
+        return True
+
+    def _dead_letter(self, row: Any, exc: Exception, error: str) -> bool:
+        """Write the dead letter of a row whose attempts ran out, then audit it; False
+        (the row is retried later) when the store cannot take the record."""
+        record = outbox.dead_letter_of(row, exc, error, row.attempts + 1)
+        store = self.app.store
+        try:
+            store.put_dead_letter(record)
+        except Exception:
+            logger.exception("outbox row %s: could not write its dead letter", row.id)
+            return False
+        category = record.category
+        detail = {"category": str(category), "dead_letter_id": record.id, "reason": record.message}
+        audit.record(
+            store, "dead_lettered", row.task, row.task_id, row.headers or {},
+            attempt=row.attempts + 1, detail={**detail, "source": "outbox"},
+        )  # fmt: skip
+        logger.error(
+            "outbox row %s (%s) dead-lettered as %s after %d attempts: %s",
+            row.id, row.task, category, row.attempts + 1, error,
+        )  # fmt: skip
+        return True
 
     def _mark(self, conn: sa.Connection, marks: _Marks) -> None:
         t, now = outbox.table, utcnow()
@@ -222,6 +307,9 @@ class Relay:
             if delay is not None:
                 values["next_attempt_at"] = now + timedelta(seconds=delay)
             conn.execute(sa.update(t).where(t.c.id == row.id).values(**values))
+        for row, error in marks.dead:
+            dead = {"attempts": t.c.attempts + 1, "last_error": error, "failed_at": now}
+            conn.execute(sa.update(t).where(t.c.id == row.id).values(**dead))
 
     # -- SQLite: one relay at a time ---------------------------------------------------
     def _take_lease(self) -> bool:
@@ -297,10 +385,19 @@ class Relay:
 def _log(result: Batch) -> None:
     if result.published or result.failed:
         logger.info(
-            "outbox: published %d (%d deduplicated), failed %d",
+            "outbox: published %d (%d deduplicated), failed %d (%d dead-lettered)",
             result.published,
             result.deduplicated,
             result.failed,
+            result.dead,
         )
     if result.unavailable:
         logger.warning("outbox: broker unavailable, backing off: %s", result.unavailable)
+
+
+def _state_of(task: ConventionTask, holder: str) -> str:
+    """The holder's Celery state; ``PENDING`` (unknown) when the backend cannot say."""
+    try:
+        return str(task.AsyncResult(holder).state)
+    except Exception:
+        return "PENDING"

@@ -3,19 +3,27 @@
 ``beat_scheduler = "conventions.scheduler:Scheduler"`` (a ``PersistentScheduler``)
 adds the app's ``conventions_schedule`` entries to ``beat_schedule``. When an entry is
 due it sends every occurrence in its window (the current one, and missed ones within
-``catch_up``), each through ``send``:
+``catch_up``), each through ``send``, which publishes first and records the send after:
 
-1. ``sent:<key>`` is reserved in the store for ``SENT_KEEP``: the first sender of an
-   occurrence wins, whichever beat, restart or ``conventions schedule trigger`` it is.
-   Every later send records ``deduplicated`` in the occurrence's audit trail, sends
-   nothing, and returns the first job's handle.
-2. The job is published through ``ConventionTask.apply_async`` with the payload built
-   from the occurrence, the explicit idempotency key ``beat:<entry>:<label>``, the
-   occurrence's correlation id, ``cc_causation=beat:<entry>``, ``cc_actor=beat`` and
-   the ``cc_schedule``/``cc_occurrence``/``cc_overlap`` headers the worker's guard reads.
+1. The state document ``schedule:sent:<key>`` says the occurrence was sent: a send that
+   finds it (another beat, a restart, ``conventions schedule trigger``) records
+   ``deduplicated`` in the occurrence's audit trail, sends nothing, and returns the
+   first job's handle.
+2. Otherwise the job is published through ``ConventionTask.apply_async`` with the
+   payload built from the occurrence, the explicit idempotency key
+   ``beat:<entry>:<label>``, the occurrence's correlation id, ``cc_causation=beat:<entry>``,
+   ``cc_actor=beat`` and the ``cc_schedule``/``cc_occurrence``/``cc_overlap`` headers the
+   worker's guard reads. Two sends at once are one job: the task's enqueue reservation of
+   the business key answers the second with the first job (``deduplicated``).
+3. Only after the publish succeeded, ``schedule:sent:<key>`` is written for ``SENT_KEEP``.
+
+A beat killed between 2 and 3 leaves a published job and no record: the next send
+publishes again, and the enqueue reservation (job still pending) or the execution ledger
+(job done: ``skipped_duplicate``) absorbs it, so the body runs once. Nothing written
+before the publish can suppress an occurrence whose job was never published.
 
 The enqueue reservation of the task itself is released when its job finishes
-(``until_done``); ``sent:`` is what keeps a late second beat from publishing again.
+(``until_done``); ``schedule:sent:`` is what keeps a late second beat from publishing again.
 """
 
 from __future__ import annotations
@@ -34,13 +42,13 @@ from conventions.task import ConventionTask, DuplicateResult
 
 logger = logging.getLogger("conventions.scheduler")
 
-#: how long an occurrence stays marked as sent (seconds): longer than any catch-up
+#: how long an occurrence stays recorded as sent (seconds): longer than any catch-up
 SENT_KEEP = 3 * 86400.0
 
 
 def sent_key(occurrence: Occurrence) -> str:
-    """The store reservation that marks an occurrence as sent."""
-    return f"sent:{occurrence.key}"
+    """The store's state document that records an occurrence as sent (after its publish)."""
+    return f"schedule:sent:{occurrence.key}"
 
 
 def occurrence_headers(entry: Entry, occurrence: Occurrence, actor: str) -> dict[str, Any]:
@@ -55,6 +63,15 @@ def occurrence_headers(entry: Entry, occurrence: Occurrence, actor: str) -> dict
     }
 
 
+def _task_of(app: Any, entry: Entry) -> ConventionTask:
+    task = app.tasks.get(entry.task)
+    if not isinstance(task, ConventionTask):
+        raise ConfigurationError(
+            f"schedule entry {entry.name}: {entry.task!r} is not a registered convention task"
+        )
+    return task
+
+
 def send(
     app: Any,
     entry: Entry,
@@ -65,35 +82,57 @@ def send(
 ) -> Any:
     """Publish one occurrence once; a later send of it returns the first job's handle
     (``.deduplicated``) and records ``deduplicated``."""
-    task = app.tasks.get(entry.task)
-    if not isinstance(task, ConventionTask):
-        raise ConfigurationError(
-            f"schedule entry {entry.name}: {entry.task!r} is not a registered convention task"
-        )
-    store = task.store
+    task = _task_of(app, entry)
     headers = {**(extra_headers or {}), **occurrence_headers(entry, occurrence, actor)}
-    task_id = str(uuid.uuid4())
-    holder = store.reserve(sent_key(occurrence), task_id, SENT_KEEP)
-    if holder is not None:
+    sent = task.store.get_state(sent_key(occurrence))
+    if sent is not None:
+        holder = str(sent.get("task_id"))
         detail = {"duplicate_of": holder, "occurrence": occurrence.label, "sender": actor}
-        audit.record(store, "deduplicated", task.name, holder, headers, detail=detail)
+        audit.record(task.store, "deduplicated", task.name, holder, headers, detail=detail)
         logger.info("%s %s: already sent as %s", entry.name, occurrence.label, holder)
         _close_sentry_checkin(headers)
         return DuplicateResult(holder, app=app)
-    try:
-        result = task.apply_async(
-            kwargs=entry.payload_for(occurrence),
-            task_id=task_id,
-            idempotency_key=occurrence.key,
-            headers=headers,
-        )
-    except BaseException:
-        store.unreserve(sent_key(occurrence), task_id)
-        raise
-    if entry.overlap == "replace":
-        overlap.announce(store, entry.name, occurrence.at.isoformat())
+    result = publish(app, entry, occurrence, actor=actor, extra_headers=extra_headers)
+    if getattr(result, "deduplicated", False):  # a send of it is pending or running
+        logger.info("%s %s: already sent as %s", entry.name, occurrence.label, result.id)
+        _close_sentry_checkin(headers)
+        return result
+    _record_sent(task, occurrence, result.id, actor)
     logger.info("%s %s: sent as %s", entry.name, occurrence.label, result.id)
     return result
+
+
+def publish(
+    app: Any,
+    entry: Entry,
+    occurrence: Occurrence,
+    *,
+    actor: str = "beat",
+    extra_headers: dict[str, Any] | None = None,
+) -> Any:
+    """The publish step of ``send`` alone (nothing recorded as sent): deduplicated by the
+    task's enqueue reservation of the occurrence's business key."""
+    task = _task_of(app, entry)
+    headers = {**(extra_headers or {}), **occurrence_headers(entry, occurrence, actor)}
+    result = task.apply_async(
+        kwargs=entry.payload_for(occurrence),
+        task_id=str(uuid.uuid4()),
+        idempotency_key=occurrence.key,
+        headers=headers,
+    )
+    if entry.overlap == "replace" and not getattr(result, "deduplicated", False):
+        overlap.announce(task.store, entry.name, occurrence.at.isoformat())
+    return result
+
+
+def _record_sent(task: ConventionTask, occurrence: Occurrence, task_id: str, actor: str) -> None:
+    """Mark the occurrence as sent, after its publish. Never raises: the job is
+    published, and a send that finds no mark publishes again into the dedup."""
+    record = {"task_id": task_id, "sender": actor, "at": schedules.now().isoformat()}
+    try:
+        task.store.put_state(sent_key(occurrence), record, SENT_KEEP)
+    except Exception:
+        logger.warning("%s: could not record as sent", occurrence.key, exc_info=True)
 
 
 def _close_sentry_checkin(headers: dict[str, Any]) -> None:

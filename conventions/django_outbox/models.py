@@ -27,6 +27,8 @@ class OutboxMessage(models.Model):  # type: ignore[misc]
     next_attempt_at = models.DateTimeField()
     published_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(null=True, blank=True)
+    #: the relay gave up on the row and dead-lettered it (migration 0002)
+    failed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = outbox.TABLE
@@ -37,5 +39,5 @@ class OutboxMessage(models.Model):  # type: ignore[misc]
         ]
 
     def __str__(self) -> str:
-        state = "published" if self.published_at else "pending"
+        state = "published" if self.published_at else "dead" if self.failed_at else "pending"
         return f"{self.task}[{self.task_id}] {state}"
