@@ -15,6 +15,14 @@ duplicates: an event about an exception the layer already handled (marked by
 ``mark_handled``), and the error lines of ``conventions.runner`` and
 ``conventions.alerts`` (they stay breadcrumbs). A retry raises Celery's ``Retry``, which
 the integration never reports, and logs a warning: a breadcrumb, never an event.
+
+No personal data. Every event is scrubbed with ``conventions.scrubbing.scrub_event``
+(exception values, messages, breadcrumbs, extra, tags): by the global event processor,
+which also covers a ``sentry_sdk.init`` of the application's own, and by the
+``before_send`` that ``init_sentry`` installs, which runs after the SDK has turned frame
+locals into text. ``init_sentry`` sends no frame locals unless asked
+(``include_local_variables=True``; they are scrubbed then too). The error line ``alert``
+logs carries a scrubbed copy of the exception.
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sentry_sdk
 from sentry_sdk.integrations.celery import CeleryIntegration
 from sentry_sdk.scope import add_global_event_processor
+
+from conventions import scrubbing
 
 logger = logging.getLogger("conventions.alerts")
 
@@ -50,7 +60,7 @@ def alert(message: str, *, exc: BaseException | None, tags: Mapping[str, str]) -
         logger.warning("could not send an alert to Sentry", exc_info=True)
     mark_handled(exc)
     # logged after the capture: Sentry's dedupe keeps the first event about an exception
-    logger.error("%s", message, exc_info=exc)
+    logger.error("%s", message, exc_info=scrubbing.scrubbed(exc) if exc is not None else None)
 
 
 def _capture(message: str, exc: BaseException | None, tags: Mapping[str, str]) -> None:
@@ -87,7 +97,8 @@ def is_handled(exc: BaseException | None) -> bool:
 
 
 def _drop_duplicates(event: Any, hint: Any) -> Any:
-    """The global event processor: drops what ``alert`` reported already."""
+    """The global event processor: drops what ``alert`` reported already, and scrubs the
+    rest."""
     hint = hint or {}
     record = hint.get("log_record")
     if record is not None and getattr(record, "name", None) in QUIET_LOGGERS:
@@ -95,7 +106,7 @@ def _drop_duplicates(event: Any, hint: Any) -> Any:
     exc_info = hint.get("exc_info")
     if exc_info and is_handled(exc_info[1]):
         return None
-    return event
+    return scrubbing.scrub_event(event)
 
 
 add_global_event_processor(_drop_duplicates)
@@ -107,12 +118,28 @@ def init_sentry(dsn: str | None, **options: Any) -> bool:
     One helper for web, worker and beat (the worker and beat call it from their init
     signals with ``sentry_dsn``). ``options`` go to ``sentry_sdk.init``; a
     ``CeleryIntegration`` passed in ``integrations`` replaces the default one.
+
+    Frame locals are off unless ``include_local_variables=True`` is passed (they hold
+    payloads, addresses, tokens). Every event is scrubbed before it is sent, then handed
+    to the ``before_send`` passed in, if any.
     """
     if not dsn:
         return False
+    options.setdefault("include_local_variables", False)
+    options["before_send"] = _scrubbing_before(options.get("before_send"))
     integrations = list(options.pop("integrations", ()))
     if not any(isinstance(item, CeleryIntegration) for item in integrations):
         # Sentry Crons for beat's crontab and whole-minute entries (docs/howto/schedules.md)
         integrations.append(CeleryIntegration(monitor_beat_tasks=True))
     sentry_sdk.init(dsn=dsn, integrations=integrations, **options)
     return True
+
+
+def _scrubbing_before(then: Callable[[Any, Any], Any] | None) -> Callable[[Any, Any], Any]:
+    """A ``before_send`` that scrubs the (serialised) event, then calls ``then``."""
+
+    def before_send(event: Any, hint: Any) -> Any:
+        event = scrubbing.scrub_event(event)
+        return then(event, hint) if then is not None else event
+
+    return before_send

@@ -1,8 +1,16 @@
-"""How long to wait before the next attempt: capped exponential backoff, full jitter.
+"""How long to wait before the next attempt: capped exponential backoff, with jitter.
 
-Full jitter (a uniform draw between 0 and the exponential ceiling, as in the AWS
-architecture blog's "Exponential Backoff and Jitter") spreads the retries of many jobs
-that failed together, instead of sending them back in synchronised waves.
+Jitter (a uniform draw below the exponential ceiling, as in the AWS architecture blog's
+"Exponential Backoff and Jitter") spreads the retries of many jobs that failed together,
+instead of sending them back in synchronised waves. The default draws each delay from
+the upper half of its ceiling ("equal jitter"): spread enough, and a floor under the
+whole budget. With full jitter a job's retries can all draw short delays and be spent
+within seconds, which is how a 30 s outage used to dead-letter jobs as ``exhausted``.
+
+The default budget (``Backoff().budget()``): 15 attempts, 14 waits from 1-2 s doubling
+up to 5 minutes, between 19.3 and 38.5 minutes in all (29 expected) before the last
+attempt. Long enough to outlast a deploy or an ordinary outage of a database or a
+provider; short enough that a person hears about a real one the same hour.
 
 A ``Backoff`` is a frozen value and every delay is computed per attempt from its
 arguments alone. Nothing shared is mutated: Celery's ``autoretry_for`` keeps its retry
@@ -16,6 +24,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from conventions.errors import ConfigurationError
 
@@ -23,19 +32,33 @@ from conventions.errors import ConfigurationError
 _MAX_EXPONENT = 1023
 
 
+class Budget(NamedTuple):
+    """How long a job may wait in all between its first and its last attempt (seconds,
+    run time not included): ``retries`` waits, each jittered between its bounds."""
+
+    retries: int
+    shortest: float
+    expected: float
+    longest: float
+
+
 @dataclass(frozen=True)
 class Backoff:
-    """Capped exponential backoff with full jitter.
+    """Capped exponential backoff with jitter.
 
     ``base`` is the ceiling of the first retry's delay (seconds), doubled on each
-    further attempt up to ``cap``. ``max_attempts`` is how many attempts a job gets in
-    all, the first run included; the worker enforces it (this class only computes
-    delays) and dead-letters the job as ``exhausted`` after the last one.
+    further attempt up to ``cap``. ``jitter`` is the random share of each delay: the
+    delay is uniform in ``[ceiling * (1 - jitter), ceiling]``, so 0.5 (the default)
+    keeps at least half of every ceiling, 1.0 is full jitter (from 0) and 0 none.
+    ``max_attempts`` is how many attempts a job gets in all, the first run included; the
+    worker enforces it (this class only computes delays) and dead-letters the job as
+    ``exhausted`` after the last one.
     """
 
-    base: float = 1.0
-    cap: float = 600.0
-    max_attempts: int = 5
+    base: float = 2.0
+    cap: float = 300.0
+    max_attempts: int = 15
+    jitter: float = 0.5
 
     def __post_init__(self) -> None:
         # 0 is allowed for both (immediate retries, e.g. in tests); NaN and negatives are not
@@ -47,6 +70,11 @@ class Backoff:
             raise ConfigurationError(
                 f"Backoff(max_attempts={self.max_attempts!r}): a job needs at least 1 attempt"
             )
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ConfigurationError(
+                f"Backoff(jitter={self.jitter!r}): jitter is the random share of each "
+                "delay, from 0 (none) to 1 (full jitter)"
+            )
 
     def ceiling(self, attempt: int) -> float:
         """The largest delay of retry number ``attempt``: ``min(cap, base * 2**(attempt-1))``."""
@@ -56,8 +84,24 @@ class Backoff:
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """The jittered delay before retry number ``attempt`` (1 = the first retry):
-        uniform in ``[0, ceiling(attempt)]``. Pass a seeded ``rng`` for reproducibility."""
-        return (rng or _RANDOM).uniform(0.0, self.ceiling(attempt))
+        uniform in ``[ceiling * (1 - jitter), ceiling]``. Pass a seeded ``rng`` for
+        reproducibility."""
+        ceiling = self.ceiling(attempt)
+        return (rng or _RANDOM).uniform(ceiling * (1.0 - self.jitter), ceiling)
+
+    def budget(self, limit: float | None = None) -> Budget:
+        """The shortest, expected and longest total wait over every retry a job gets,
+        each delay clamped to ``limit`` (the broker's safe maximum) when given."""
+        retries = self.max_attempts - 1
+        shortest = expected = longest = 0.0
+        for attempt in range(1, retries + 1):
+            high = self.ceiling(attempt)
+            low = high * (1.0 - self.jitter)
+            bound = math.inf if limit is None else limit
+            shortest += min(low, bound)
+            longest += min(high, bound)
+            expected += _clamped_mean(low, high, bound)
+        return Budget(retries, shortest, expected, longest)
 
     def countdown(
         self,
@@ -82,6 +126,16 @@ class Backoff:
         if requested is not None and not math.isnan(requested):
             wait = max(wait, float(requested))
         return min(wait, limit)
+
+
+def _clamped_mean(low: float, high: float, bound: float) -> float:
+    """The mean of ``min(uniform(low, high), bound)``."""
+    if bound >= high:
+        return (low + high) / 2
+    if bound <= low:
+        return bound
+    below = (bound * bound - low * low) / 2  # the draws under the bound, integrated
+    return (below + bound * (high - bound)) / (high - low)
 
 
 # A private generator, not the ``random`` module's global one: drawing delays never

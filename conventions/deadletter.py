@@ -6,7 +6,6 @@ message is simply deleted, so the store is the only home a dead job has.
 
 from __future__ import annotations
 
-import re
 import socket
 import traceback as tb
 import uuid
@@ -16,29 +15,19 @@ from typing import Any
 
 from conventions import context
 from conventions.records import Category, DeadLetter, utcnow
+from conventions.scrubbing import scrub_text
 
 #: longest message kept in a record
 MAX_MESSAGE = 2000
 #: longest traceback kept in a record
 MAX_TRACEBACK = 8000
 
-_SCRUBBERS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+"), "<email>"),
-    (re.compile(r"\b(?:\d[ -]?){13,19}\b"), "<number>"),
-    (
-        re.compile(
-            r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization)\b(\s*[=:]\s*)\S+"
-        ),
-        r"\1\2<redacted>",
-    ),
-    (re.compile(r"(?i)(://[^:/\s]+:)[^@/\s]+@"), r"\1<redacted>@"),
-)
-
 
 def scrub(text: str, limit: int) -> str:
-    """Remove what looks like personal data or secrets, then cut to ``limit`` characters."""
-    for pattern, replacement in _SCRUBBERS:
-        text = pattern.sub(replacement, text)
+    """Remove what looks like personal data or secrets (``conventions.scrubbing``, the
+    scrubber of every exception text that leaves the process), then cut to ``limit``
+    characters."""
+    text = scrub_text(text)
     if len(text) > limit:
         text = text[: limit - 20] + "\n... (truncated)"
     return text

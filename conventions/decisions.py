@@ -18,15 +18,14 @@ own ``JobOutcome`` messages, written on purpose by the job body, are used as rea
 
 from __future__ import annotations
 
-import math
-import re
+import errno
+import socket
+import ssl
 import urllib.error
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from http.client import IncompleteRead, RemoteDisconnected
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ValidationError
 
@@ -38,6 +37,12 @@ from conventions.errors import (
     TransientError,
     UncertainOutcomeError,
 )
+from conventions.http_errors import RETRY_AFTER_STATUSES, RETRY_STATUSES, safe_attr
+
+# re-exported: the HTTP readers moved to conventions.http_errors, callers import them here
+from conventions.http_errors import http_status as http_status  # noqa: PLC0414
+from conventions.http_errors import parse_retry_after as parse_retry_after  # noqa: PLC0414
+from conventions.http_errors import retry_after_header as retry_after_header  # noqa: PLC0414
 from conventions.records import Category
 
 
@@ -128,71 +133,6 @@ def _retry(what: str) -> Decider:
     return lambda exc: Retry(f"{_label(exc)}: {what}")
 
 
-def _attr(obj: object, name: str) -> Any:
-    """``getattr`` that treats a raising property as missing (httpx raises on some)."""
-    try:
-        return getattr(obj, name, None)
-    except Exception:
-        return None
-
-
-# -- HTTP --------------------------------------------------------------------------------
-
-
-def http_status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries: urllib's ``.code``, ``.response.status_code``
-    (requests, httpx), ``.status_code`` or ``.status`` (aiohttp); None when it has none."""
-    candidates = [exc.code] if isinstance(exc, urllib.error.HTTPError) else []
-    response = _attr(exc, "response")
-    candidates += [_attr(response, "status_code"), _attr(exc, "status_code"), _attr(exc, "status")]
-    for value in candidates:
-        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
-            return int(value)
-    return None
-
-
-def retry_after_header(exc: BaseException) -> str | None:
-    """The ``Retry-After`` header from ``exc.headers`` or ``exc.response.headers``."""
-    for headers in (_attr(exc, "headers"), _attr(_attr(exc, "response"), "headers")):
-        get = _attr(headers, "get")
-        for key in ("Retry-After", "retry-after") if callable(get) else ():
-            try:
-                value = get(key)
-            except Exception:
-                break
-            if value is not None:
-                return str(value)
-    return None
-
-
-_SECONDS = re.compile(r"\d+(\.\d+)?")
-
-
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value: delay-seconds (``"120"``) or an
-    HTTP-date (``"Wed, 21 Oct 2015 07:28:00 GMT"``, counted from ``now``, by default the
-    current UTC time; a date in the past gives 0). None when absent or unparseable."""
-    if value is None:
-        return None
-    text = value.strip()
-    if _SECONDS.fullmatch(text):
-        return float(text)
-    try:
-        moment = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    now = now or datetime.now(UTC)
-    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    seconds = (moment - (now if now.tzinfo else now.replace(tzinfo=UTC))).total_seconds()
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-#: statuses that mean "try again later"; every 5xx is transient too
-RETRY_STATUSES = frozenset({408, 425, 429})
-#: statuses whose ``Retry-After`` header is honoured
-RETRY_AFTER_STATUSES = frozenset({429, 503})
-
-
 def _http(exc: BaseException) -> Decision | None:
     status = http_status(exc)
     if status is None:
@@ -213,10 +153,21 @@ def _http(exc: BaseException) -> Decision | None:
 TRANSIENT_NAMES = frozenset(
     {
         *("requests.exceptions.Timeout", "requests.exceptions.ConnectionError"),
+        "requests.exceptions.ChunkedEncodingError",  # the connection broke mid-body
         *("httpx.TimeoutException", "httpx.NetworkError", "httpx.RemoteProtocolError"),
+        *("urllib3.exceptions.ProtocolError", "urllib3.exceptions.TimeoutError"),
+        *("urllib3.exceptions.NewConnectionError", "urllib3.exceptions.MaxRetryError"),
+        "aiohttp.client_exceptions.ClientConnectionError",
         *("redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError"),
-        *("kombu.exceptions.OperationalError", "psycopg.OperationalError"),
+        # a failover in progress: a replica that is read-only, a cluster re-electing
+        *("redis.exceptions.ReadOnlyError", "redis.exceptions.TryAgainError"),
+        *("redis.exceptions.ClusterDownError", "redis.exceptions.OutOfMemoryError"),
+        "kombu.exceptions.OperationalError",
+        # database outages: psycopg 3 and 2, Django's wrappers, SQLAlchemy's (and its pool)
+        *("psycopg.OperationalError", "psycopg2.OperationalError", "psycopg2.InterfaceError"),
+        *("django.db.utils.OperationalError", "django.db.utils.InterfaceError"),
         *("sqlalchemy.exc.OperationalError", "sqlalchemy.exc.DisconnectionError"),
+        "sqlalchemy.exc.TimeoutError",
         *("smtplib.SMTPServerDisconnected", "smtplib.SMTPConnectError"),
     }
 )
@@ -228,21 +179,73 @@ SOFT_TIME_LIMIT = (
 
 
 def _invalidated_connection(exc: BaseException) -> bool:
-    return named("sqlalchemy.exc.DBAPIError")(exc) and _attr(exc, "connection_invalidated") is True
+    return (
+        named("sqlalchemy.exc.DBAPIError")(exc) and safe_attr(exc, "connection_invalidated") is True
+    )
+
+
+#: ``OSError`` numbers of a network that is down or unreachable (not ``ConnectionError``s)
+NETWORK_ERRNOS = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EHOSTDOWN})
+#: TLS errors of a connection cut mid-stream (a certificate failure is not one of them)
+TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
+
+
+def _network(exc: BaseException) -> bool:
+    """A network failure the builtin classes do not group: DNS (``socket.gaierror``, a
+    resolver outage looks like an unknown name too), an unreachable network or host,
+    a TLS stream cut short."""
+    if isinstance(exc, (socket.gaierror, *TLS_CUT)):
+        return True
+    return type(exc) is OSError and exc.errno in NETWORK_ERRNOS
 
 
 def _url_transport(exc: BaseException) -> bool:  # urllib wraps socket errors in URLError
     reason = exc.reason if isinstance(exc, urllib.error.URLError) else None
-    return isinstance(reason, TimeoutError | ConnectionError)
+    return isinstance(reason, TimeoutError | ConnectionError) or (
+        isinstance(reason, BaseException) and _network(reason)
+    )
 
 
 def _smtp(exc: BaseException) -> Decision | None:
-    code = _attr(exc, "smtp_code")
+    code = safe_attr(exc, "smtp_code")
     if isinstance(code, int) and 400 <= code <= 499:
         return Retry(f"{_label(exc)}: SMTP {code} is transient")
     if isinstance(code, int) and 500 <= code <= 599:
         return DeadLetter(Category.PERMANENT, f"{_label(exc)}: SMTP {code} is permanent")
     return None
+
+
+def _smtp_auth(exc: BaseException) -> Decision | None:
+    """Credentials refused (5xx) fail every job alike: a configuration fault to alert on,
+    not a permanent failure of this one job. A 454 (temporary) is retried."""
+    code = safe_attr(exc, "smtp_code")
+    if isinstance(code, int) and 500 <= code <= 599:
+        reason = f"{_label(exc)}: SMTP {code}, the credentials were refused: fix the settings"
+        return DeadLetter(Category.BUG, reason, alert=True)
+    return _smtp(exc)
+
+
+def _smtp_recipients(exc: BaseException) -> Decision | None:
+    """``SMTPRecipientsRefused`` (every recipient refused at RCPT TO) holds a
+    ``{address: (code, message)}`` dict: any 4xx is worth another attempt (those
+    recipients may get through, and ``sendmail`` then returns the others without
+    raising); all 5xx is permanent. The reason names codes, never addresses."""
+    replies = safe_attr(exc, "recipients")
+    values = list(replies.values()) if isinstance(replies, dict) else []
+    if not values or not all(isinstance(v, tuple) and v and _is_code(v[0]) for v in values):
+        return None  # no codes to judge by: not for us, it ends up a bug
+    codes = sorted({v[0] for v in values})
+    if any(400 <= code <= 499 for code in codes):
+        return Retry(f"{_label(exc)}: SMTP {_codes(codes, 400)} for a recipient is transient")
+    return DeadLetter(Category.PERMANENT, f"{_label(exc)}: SMTP {_codes(codes, 500)} is permanent")
+
+
+def _is_code(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599
+
+
+def _codes(codes: list[int], hundred: int) -> str:
+    return "/".join(str(code) for code in codes if hundred <= code < hundred + 100)
 
 
 def _validation(exc: BaseException) -> Decision | None:
@@ -365,13 +368,16 @@ DEFAULT_TABLE = DecisionTable(
         when(ValidationError, _validation, "pydantic ValidationError"),
         # -- builtin transport errors (socket.timeout is TimeoutError)
         when((TimeoutError, ConnectionError, RemoteDisconnected, IncompleteRead), _TRANSPORT),
-        when(_url_transport, _TRANSPORT, "URLError over a timeout or connection error"),
+        when(_network, _TRANSPORT, "DNS, unreachable network, TLS stream cut"),
+        when(_url_transport, _TRANSPORT, "URLError over a transport error"),
         # -- HTTP status errors: 408/425/429/5xx retry, every other 4xx is permanent
         when(lambda exc: http_status(exc) is not None, _http, "HTTP status"),
         # -- transport errors of well-known libraries, by qualified class name
         when(named(*TRANSIENT_NAMES), _TRANSPORT, "library transport errors"),
         when(_invalidated_connection, _TRANSPORT, "sqlalchemy DBAPIError, connection invalidated"),
+        when(named("smtplib.SMTPAuthenticationError"), _smtp_auth, "SMTP credentials: 5xx bug"),
         when(named("smtplib.SMTPResponseException"), _smtp, "SMTP reply: 4xx retry, 5xx permanent"),
+        when(named("smtplib.SMTPRecipientsRefused"), _smtp_recipients, "SMTP recipients refused"),
         when(named(*SOFT_TIME_LIMIT), _retry("soft time limit hit"), "SoftTimeLimitExceeded"),
     )
 )

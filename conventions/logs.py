@@ -13,6 +13,12 @@ updated in every worker image.
 
 The worker binds the fields in ``task_prerun`` and clears them in ``task_postrun``, so
 Celery's own "succeeded in" line carries them too.
+
+Both formats scrub what a failure writes (``conventions.scrubbing``, as in dead letters):
+every exception text, and the message of every record at warning level or above, with an
+exception, or of Celery's retry, ignored and rejected lines. Other info lines are left as
+they are: they carry ids, and scrubbing every line would cost every job a few
+regular-expression passes for nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from celery.app import trace
+
 from conventions import context
+from conventions.scrubbing import scrub_text
 
 #: the attributes every record gets (None when unknown)
 FIELDS: Final = (
@@ -105,6 +114,21 @@ def install() -> None:
     logging.setLogRecordFactory(factory)
 
 
+#: Celery's info lines that carry an exception's text: a retry ("retry: Retry in 2s: ..."),
+#: an ignored or rejected job
+EXCEPTION_LINES: Final = frozenset({trace.LOG_RETRY, trace.LOG_IGNORED, trace.LOG_REJECTED})
+
+
+def _scrubs(record: logging.LogRecord) -> bool:
+    """Whether a record's message is scrubbed: a warning or worse, one with an exception,
+    or one of Celery's info lines about an exception."""
+    return (
+        record.levelno >= logging.WARNING
+        or bool(record.exc_info)
+        or (isinstance(record.msg, str) and record.msg in EXCEPTION_LINES)
+    )
+
+
 class TextFormatter(logging.Formatter):
     """Celery's usual line, then the story fields that are set: ``corr=... task=...``."""
 
@@ -113,8 +137,13 @@ class TextFormatter(logging.Formatter):
     def __init__(self, fmt: str | None = None, datefmt: str | None = None) -> None:
         super().__init__(fmt or "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s", datefmt)
 
+    def formatException(self, ei: Any) -> str:
+        return scrub_text(super().formatException(ei))
+
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        if _scrubs(record):
+            line = scrub_text(line)
         parts = [
             f"{self.SHORT.get(name, name)}={value}"
             for name in ("correlation_id", "task", "task_id", "attempt", "idempotency_key")
@@ -136,7 +165,7 @@ class JSONFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "process": record.processName,
-            "message": record.getMessage(),
+            "message": scrub_text(record.getMessage()) if _scrubs(record) else record.getMessage(),
         }
         for name in FIELDS:
             value = getattr(record, name, None)
@@ -144,7 +173,7 @@ class JSONFormatter(logging.Formatter):
                 out[name] = value
         if record.exc_info and record.exc_info[0] is not None:
             out["exc_type"] = record.exc_info[0].__qualname__
-            out["traceback"] = self.formatException(record.exc_info)
+            out["traceback"] = scrub_text(self.formatException(record.exc_info))
         return json.dumps(out, default=str)
 
 

@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from typing import Literal
 from urllib.parse import urlparse
 
-from conventions import Id, JobContext, Payload, PermanentError
+from conventions import Backoff, Id, JobContext, Payload, PermanentError
 from conventions.once import once
 from tasks import app, db, shop
 
@@ -50,7 +50,18 @@ def _deliver(mail: EmailMessage) -> None:
         smtp.send_message(mail)
 
 
-@app.job("email.send_receipt.v2", payload=SendReceipt, key="receipt:{order_id}", workload="email")
+#: a mail provider's 451 is usually a hiccup of seconds: start from 1 s (the default budget
+#: otherwise, about half an hour in all, still outlasts a provider's outage)
+RECEIPT_BACKOFF = Backoff(base=1.0)
+
+
+@app.job(
+    "email.send_receipt.v2",
+    payload=SendReceipt,
+    key="receipt:{order_id}",
+    workload="email",
+    backoff=RECEIPT_BACKOFF,
+)
 def send_receipt(payload: SendReceipt, ctx: JobContext) -> str:
     """Send the receipt of ``payload.order_id`` unless it was already sent."""
     with db.transaction() as session:

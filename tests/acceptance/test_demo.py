@@ -118,7 +118,7 @@ def assert_numbers_are_true(s: dict[str, Any]) -> None:
         counters = store.counters()
         receipt, payment = "email.send_receipt.v2", "payments.apply_event.v1"
         assert counters.get(("retried", receipt)) == FLAKY == len(s["retries"])
-        # full jitter under the default backoff's ceiling (1 s, doubled per attempt)
+        # jittered under the receipt task's backoff ceiling (1 s, doubled per attempt)
         assert all(0 <= r["delay"] <= 2 ** (r["attempt"] - 1) for r in s["retries"])
         absorbed = counters.get(("deduplicated", payment), 0)
         absorbed += counters.get(("skipped_duplicate", payment), 0)

@@ -1,4 +1,4 @@
-"""Backoff: capped exponential ceilings, full jitter, requested delays, broker clamp."""
+"""Backoff: capped exponential ceilings, jitter, requested delays, broker clamp, budget."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 
 from conventions.backoff import Backoff
 from conventions.errors import ConfigurationError
+from conventions.settings import CELERY_REDIS_VISIBILITY, COUNTDOWN_MARGIN, DEFAULT_MAX_COUNTDOWN
 
-BACKOFF = Backoff(base=2.0, cap=60.0, max_attempts=8)
+BACKOFF = Backoff(base=2.0, cap=60.0, max_attempts=8, jitter=1.0)
 
 
 def draws(backoff: Backoff, attempt: int, n: int = 200, seed: int = 7) -> list[float]:
@@ -101,13 +102,63 @@ def test_computing_delays_does_not_touch_the_global_random_state() -> None:
     assert random.random() == expected
 
 
-def test_defaults_are_one_second_ten_minutes_and_five_attempts() -> None:
-    assert Backoff() == Backoff(base=1.0, cap=600.0, max_attempts=5)
+def test_defaults_are_two_seconds_five_minutes_fifteen_attempts_half_jittered() -> None:
+    assert Backoff() == Backoff(base=2.0, cap=300.0, max_attempts=15, jitter=0.5)
+
+
+def test_the_default_budget_outlasts_an_ordinary_outage_or_deploy() -> None:
+    """Sidekiq retries for about 21 days, Oban 20 times: ours gives a transient error
+    between about 19 and 39 minutes of waiting before the job is dead-lettered as
+    ``exhausted`` (the figures the retries how-to states)."""
+    budget = Backoff().budget()
+    assert budget.retries == 14
+    assert budget.shortest == pytest.approx(1155.0)  # 19 min 15 s: never less
+    assert budget.expected == pytest.approx(1732.5)  # about 29 min
+    assert budget.longest == pytest.approx(2310.0)  # 38 min 30 s
+    assert Backoff().ceiling(9) == 300.0  # from the 9th retry on, 5 minutes apart
+
+
+def test_every_default_countdown_stays_below_the_brokers_safe_maximum() -> None:
+    for limit in (DEFAULT_MAX_COUNTDOWN, CELERY_REDIS_VISIBILITY - COUNTDOWN_MARGIN):
+        assert Backoff().cap < limit
+        assert Backoff().budget(limit) == Backoff().budget()
+
+
+def test_the_budget_counts_the_clamp_to_the_brokers_limit() -> None:
+    budget = Backoff(base=10.0, cap=1000.0, max_attempts=4, jitter=1.0).budget(limit=25.0)
+    assert (budget.shortest, budget.longest) == (0.0, 10.0 + 20.0 + 25.0)
+    # the third delay is uniform in [0, 40] then clamped: 25 for 15/40 of the draws
+    assert budget.expected == pytest.approx(5.0 + 10.0 + (25.0**2 / 2 + 25.0 * 15.0) / 40.0)
+
+
+def test_a_single_attempt_has_no_budget() -> None:
+    assert Backoff(max_attempts=1).budget() == (0, 0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("attempt", range(1, 16))
+def test_a_half_jittered_delay_never_falls_below_half_its_ceiling(attempt: int) -> None:
+    backoff = Backoff()
+    ceiling = backoff.ceiling(attempt)
+    assert all(ceiling / 2 <= d <= ceiling for d in draws(backoff, attempt))
+
+
+def test_full_jitter_and_no_jitter_are_the_ends_of_the_range() -> None:
+    full = Backoff(base=8.0, cap=8.0, jitter=1.0)
+    assert min(draws(full, 1, n=500)) < 1.0
+    assert set(draws(Backoff(base=8.0, cap=8.0, jitter=0.0), 1, n=20)) == {8.0}
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"base": -1.0}, {"base": float("nan")}, {"cap": -1.0}, {"max_attempts": 0}],
+    [
+        {"base": -1.0},
+        {"base": float("nan")},
+        {"cap": -1.0},
+        {"max_attempts": 0},
+        {"jitter": -0.1},
+        {"jitter": 1.5},
+        {"jitter": float("nan")},
+    ],
     ids=str,
 )
 def test_an_invalid_backoff_is_refused_at_definition(kwargs: dict[str, float]) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import email.message
+import errno
 import http.client
+import json
 import smtplib
+import socket
+import ssl
 import urllib.error
 from dataclasses import FrozenInstanceError
 from datetime import UTC, datetime, timedelta
@@ -295,6 +299,126 @@ def test_a_sqlalchemy_dbapi_error_is_retried_only_when_the_connection_was_invali
 def test_an_smtp_4xx_reply_is_retried_and_a_5xx_reply_is_permanent() -> None:
     assert is_retry(decide(smtplib.SMTPDataError(451, b"try again later")))
     assert is_permanent(decide(smtplib.SMTPSenderRefused(550, b"no such user", "a@b.c")))
+
+
+ADDRESS = "someone@example.com"
+
+
+def recipients_refused(*codes: int) -> smtplib.SMTPRecipientsRefused:
+    refused = {f"r{i}.{ADDRESS}": (code, b"refused") for i, code in enumerate(codes)}
+    return smtplib.SMTPRecipientsRefused(refused)
+
+
+def test_a_recipient_refused_with_a_5xx_at_rcpt_is_permanent_and_the_reason_has_no_address() -> (
+    None
+):
+    decision = decide(recipients_refused(550))
+    assert is_permanent(decision)
+    assert "550" in decision.reason and "example.com" not in decision.reason
+
+
+def test_a_recipient_refused_with_a_4xx_is_retried_even_next_to_a_5xx() -> None:
+    """sendmail raises only when every recipient was refused: on a later attempt the
+    4xx ones may get through (and sendmail then returns the 5xx ones, without raising)."""
+    assert is_retry(decide(recipients_refused(451)))
+    assert is_retry(decide(recipients_refused(550, 452)))
+    assert is_permanent(decide(recipients_refused(550, 553)))
+
+
+def test_a_recipients_refused_without_readable_codes_stays_a_bug() -> None:
+    assert is_bug(decide(smtplib.SMTPRecipientsRefused({})))
+    assert is_bug(decide(smtplib.SMTPRecipientsRefused({ADDRESS: "odd"})))  # type: ignore[dict-item]
+
+
+def test_a_sender_refused_at_mail_from_is_classified_by_its_code() -> None:
+    assert is_permanent(decide(smtplib.SMTPSenderRefused(550, b"not allowed", ADDRESS)))
+    assert is_retry(decide(smtplib.SMTPSenderRefused(451, b"try later", ADDRESS)))
+
+
+def test_smtp_credentials_refused_are_a_configuration_bug_alerted_not_retried() -> None:
+    decision = decide(smtplib.SMTPAuthenticationError(535, b"5.7.8 bad credentials"))
+    assert is_bug(decision) and "535" in decision.reason
+    assert is_retry(decide(smtplib.SMTPAuthenticationError(454, b"4.7.0 try later")))
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"),
+        socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+        OSError(errno.ENETUNREACH, "Network is unreachable"),
+        OSError(errno.EHOSTUNREACH, "No route to host"),
+        ssl.SSLEOFError(8, "EOF occurred in violation of protocol"),
+        ssl.SSLZeroReturnError(6, "TLS/SSL connection has been closed"),
+        urllib.error.URLError(socket.gaierror(socket.EAI_AGAIN, "dns")),
+        urllib.error.URLError(OSError(errno.ENETUNREACH, "unreachable")),
+    ],
+    ids=lambda exc: f"{type(exc).__name__}-{getattr(exc, 'errno', '')}",
+)
+def test_a_network_error_outside_connection_error_is_retried(exc: BaseException) -> None:
+    assert is_retry(decide(exc))
+
+
+def test_a_certificate_or_other_os_error_is_not_retried() -> None:
+    assert is_bug(decide(ssl.SSLCertVerificationError(1, "certificate verify failed")))
+    assert is_bug(decide(OSError(errno.ENOENT, "No such file or directory")))
+    assert is_bug(decide(PermissionError(errno.EACCES, "Permission denied")))
+
+
+MORE_TRANSIENT_LIBRARY_ERRORS = [
+    "requests.exceptions.ChunkedEncodingError",
+    "urllib3.exceptions.ProtocolError",
+    "urllib3.exceptions.TimeoutError",
+    "urllib3.exceptions.NewConnectionError",
+    "urllib3.exceptions.MaxRetryError",
+    "aiohttp.client_exceptions.ClientConnectionError",
+    "psycopg2.OperationalError",
+    "psycopg2.InterfaceError",
+    "django.db.utils.OperationalError",
+    "django.db.utils.InterfaceError",
+    "sqlalchemy.exc.TimeoutError",
+    "redis.exceptions.ReadOnlyError",
+    "redis.exceptions.TryAgainError",
+    "redis.exceptions.ClusterDownError",
+    "redis.exceptions.OutOfMemoryError",
+]
+
+
+@pytest.mark.parametrize("qualified", MORE_TRANSIENT_LIBRARY_ERRORS)
+def test_a_library_error_of_an_outage_or_failover_is_retried(qualified: str) -> None:
+    assert is_retry(decide(mimic(qualified)()))
+
+
+def test_the_installed_libraries_outage_errors_are_retried_and_their_data_errors_are_bugs() -> None:
+    import django.db.utils
+    import psycopg
+    import redis.exceptions
+    import sqlalchemy.exc
+    import urllib3.exceptions
+
+    for exc in (
+        django.db.utils.OperationalError("server closed the connection unexpectedly"),
+        django.db.utils.InterfaceError("connection already closed"),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.exceptions.MasterDownError("MASTERDOWN"),
+        sqlalchemy.exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached"),
+        urllib3.exceptions.ProtocolError("Connection aborted."),
+        urllib3.exceptions.NewConnectionError(None, "Failed to connect"),  # type: ignore[arg-type]
+        psycopg.errors.DeadlockDetected("deadlock detected"),
+        psycopg.errors.SerializationFailure("could not serialize access"),
+    ):
+        assert is_retry(decide(exc)), exc
+    for exc in (
+        django.db.utils.IntegrityError("duplicate key"),
+        psycopg.IntegrityError("duplicate key value violates unique constraint"),
+        sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("duplicate key")),
+        redis.exceptions.ResponseError("WRONGTYPE Operation against a key"),
+        json.JSONDecodeError("Expecting value", "<html>", 0),
+        smtplib.SMTPNotSupportedError("STARTTLS extension not supported by server."),
+        http.client.BadStatusLine("HTTP/0.9 garbage"),
+    ):
+        assert is_bug(decide(exc)), exc
+    assert is_retry(decide(redis.exceptions.AuthenticationError("invalid password")))
 
 
 # -- everything else ----------------------------------------------------------------------
