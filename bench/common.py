@@ -51,6 +51,13 @@ def env() -> dict[str, str]:
         BENCH_REDIS_URL=url(),
         PYTHONPATH=str(ROOT),
     )
+    # a benchmark runs on a throwaway Redis: the doctor's persistence check (an error
+    # for workers) would refuse its workers; lowered here, as `make demo` does
+    levels = full.get("CONVENTIONS_DOCTOR_LEVELS", "")
+    if "redis-no-persistence=" not in levels:
+        full["CONVENTIONS_DOCTOR_LEVELS"] = ",".join(
+            part for part in (levels, "redis-no-persistence=warning") if part
+        )
     return full
 
 

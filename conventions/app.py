@@ -21,6 +21,7 @@ from conventions import (
     backpressure,
     lifecycle,
     limits,
+    reservations,
     retention,
     routing,
     settings,
@@ -95,6 +96,12 @@ def check_exclusive(name: str, payload: type[Payload], exclusive: str | None) ->
 
 class App(Celery):  # type: ignore[misc]
     """A Celery app with the layer's conventions."""
+
+    def on_init(self) -> None:
+        """Celery's hook at the end of ``__init__``: connect the worker-side handlers
+        this app needs (each once per process, whatever the number of apps)."""
+        super().on_init()
+        reservations.connect()  # a revoked or expired job gives its key back
 
     def job(
         self,
@@ -214,7 +221,7 @@ class App(Celery):  # type: ignore[misc]
                     "conventions_store_url is not set: point it at Redis (redis://...) or "
                     "SQL (postgresql://..., sqlite:///...) in celeryconfig.py"
                 )
-            current = open_store(url)
+            current = open_store(url, **settings.store_options(self.conventions_settings))
             self.__dict__["_cc_store"] = current
         return cast(Store, current)
 

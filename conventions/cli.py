@@ -14,6 +14,7 @@
     conventions status TASK_ID [--json]
     conventions outbox relay|status|init ...   (see conventions.cli_outbox)
     conventions schedule list | trigger NAME [--at WHEN] | check
+    conventions keys show KEY | clear KEY --reason TEXT [--actor NAME]   (conventions.cli_keys)
 
 The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
 layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
@@ -32,12 +33,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from conventions import cli_format as fmt
-from conventions import cli_lifecycle, cli_observe, cli_outbox, cli_schedule
+from conventions import cli_keys, cli_lifecycle, cli_observe, cli_outbox, cli_schedule
 from conventions import replay as replaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
 from conventions.records import Category
-from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION
+from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, purge_expired
 
 
 class UsageError(Exception):
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_lifecycle.add_parsers(commands)
     cli_outbox.add_parser(commands)
     cli_schedule.add_parser(commands)
+    cli_keys.add_parser(commands)
     return parser
 
 
@@ -177,12 +179,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.usage_error("takes IDs, or --all --task T (not both; --task goes with --all)")
         if not args.reason.strip():
             args.usage_error("--reason must not be empty")
+    cli_keys.check(args)
     try:
         app = load_app(args.app)
         sub = (
             getattr(args, "dlq_command", None)
             or getattr(args, "outbox_command", None)
             or getattr(args, "schedule_command", None)
+            or getattr(args, "keys_command", None)
         )
         command = COMMANDS[(args.command, sub)]
         return command(app, args, sys.stdout, sys.stderr)
@@ -287,6 +291,8 @@ def _retention(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> 
         f"deleted {count} audit events of trails idle since before {fmt.when(now - audit)}",
         file=out,
     )
+    for table, count in purge_expired(app.store).items():
+        print(f"deleted {count} expired {table} rows", file=out)
     return 0
 
 
@@ -303,5 +309,6 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("doctor", None): cli_lifecycle.run_doctor,
     ("status", None): cli_lifecycle.run_status,
     **cli_outbox.COMMANDS,
+    **cli_keys.COMMANDS,
     **cli_schedule.COMMANDS,
 }

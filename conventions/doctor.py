@@ -8,7 +8,8 @@ the broker how long each queue is.
 
 Every finding has a stable ``code``; ``conventions_doctor_levels`` in the app's
 configuration turns a code into ``"error"``, ``"warning"`` or ``"off"`` (a laptop's
-Redis without persistence, say). Each message says the fix.
+Redis without persistence, say: an error by default, since a restart loses every queued
+job). Each message says the fix.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from celery.exceptions import QueueNotFound
 
 from conventions import settings as settingslib
 from conventions.broker import INBOX_TRANSPORT
+from conventions.store.redis_records import AUDIT_BYTES_PER_JOB
 
 logger = logging.getLogger("conventions.doctor")
 
@@ -35,6 +37,9 @@ OFF = "off"
 RABBITMQ_CONSUMER_TIMEOUT = 1800.0
 #: what a serializer named pickle is called on the wire, too
 PICKLE = {"pickle", "application/x-python-serialize"}
+#: the share of the broker's memory the audit trail may take at its cap before the
+#: doctor warns (the queues need the rest, and at OOM a ``noeviction`` Redis refuses writes)
+AUDIT_MEMORY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ def static_checks(app: Any, *, server: bool = True) -> list[Finding]:
         findings.extend(_task_checks(app, task))
     if server:
         for url in redis_servers(app.conf):
-            findings.extend(_redis_server_checks(url))
+            findings.extend(_redis_server_checks(url, app.conf))
     return apply_levels(findings, app.conf)
 
 
@@ -260,7 +265,47 @@ def version_findings(where: str, version: str) -> Iterator[Finding]:
         )  # fmt: skip
 
 
-def _redis_server_checks(url: str) -> Iterator[Finding]:
+def audit_findings(where: str, conf: Any, memory: int) -> Iterator[Finding]:
+    """A warning when the store's audit trail shares the broker's Redis server
+    (``memory`` bytes: its ``maxmemory``, else the machine's) and may grow, at its cap,
+    beyond :data:`AUDIT_MEMORY_SHARE` of it; the estimate is the sizing rule of the
+    settings reference (bytes per job x trails kept)."""
+    store = str(conf.get("conventions_store_url") or "")
+    if broker_kind(conf) != "redis" or urlsplit(store).scheme not in ("redis", "rediss"):
+        return
+    if not _where(store) == _where(str(conf.get("broker_url"))) == where or memory <= 0:
+        return
+    conventions = settingslib.read(conf)
+    trails, days = conventions.audit_max_trails, conventions.audit_retention / 86400
+    fix = (
+        "lower conventions_audit_max_trails or conventions_audit_retention_seconds, or "
+        "give the store a Redis of its own (conventions_store_url)"
+    )
+    if trails == 0:
+        yield Finding(
+            WARNING, "audit-fills-broker", where,
+            f"the audit trail has no cap (conventions_audit_max_trails = 0) and shares the "
+            f"broker's server: about {AUDIT_BYTES_PER_JOB} bytes per job for {days:.0f} days "
+            f"(10 jobs/s: {AUDIT_BYTES_PER_JOB * 10 * 86400 * days / 1e9:.1f} GB); {fix}",
+        )  # fmt: skip
+        return
+    bound = trails * AUDIT_BYTES_PER_JOB
+    if bound > AUDIT_MEMORY_SHARE * memory:
+        yield Finding(
+            WARNING, "audit-fills-broker", where,
+            f"the audit trail may take {bound / 1e6:.0f} MB ({trails} trails x about "
+            f"{AUDIT_BYTES_PER_JOB} bytes) of this server's {memory / 1e6:.0f} MB, which the "
+            f"queues share (at OOM, workers stop draining); {fix}",
+        )  # fmt: skip
+
+
+def _memory(client: Any) -> int:
+    """The server's ``maxmemory``, else the machine's memory (0 when unknown)."""
+    limit = int(client.config_get("maxmemory").get("maxmemory") or 0)
+    return limit or int(client.info("memory").get("total_system_memory") or 0)
+
+
+def _redis_server_checks(url: str, conf: Any) -> Iterator[Finding]:
     import redis
 
     try:
@@ -274,6 +319,7 @@ def _redis_server_checks(url: str) -> Iterator[Finding]:
             persistence = client.config_get("appendonly").get("appendonly") == "yes" or bool(
                 client.config_get("save").get("save")
             )
+            memory = _memory(client)
     except redis.RedisError as exc:
         yield Finding(
             WARNING, "redis-config-unreadable", _where(url),
@@ -289,10 +335,12 @@ def _redis_server_checks(url: str) -> Iterator[Finding]:
         )  # fmt: skip
     if not persistence:
         yield Finding(
-            WARNING, "redis-no-persistence", _where(url),
-            "neither AOF nor RDB snapshots are on: a Redis restart loses every queued job; "
-            "run redis-server --appendonly yes",
+            ERROR, "redis-no-persistence", _where(url),
+            "neither AOF nor RDB snapshots are on: a Redis restart loses every queued job "
+            "and every idempotency key; run redis-server --appendonly yes (a throwaway "
+            "Redis: conventions_doctor_levels = {'redis-no-persistence': 'warning'})",
         )  # fmt: skip
+    yield from audit_findings(_where(url), conf, memory)
 
 
 def _where(url: str) -> str:

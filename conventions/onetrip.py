@@ -14,6 +14,15 @@ answers the holder's handle, as the two-step path does.
 
 Otherwise (another server, the SQL store, eager mode, kombu's own transport) the task
 reserves first and publishes second, as before.
+
+"The broker's server" is the one Celery publishes to: ``broker_write_url`` when it is set,
+else ``broker_url``. A failover list (``redis://a;redis://b``, or a list) or any URL that
+is not plain ``redis://``/``rediss://`` (``sentinel://``, say) may publish to a server
+other than the one it names: it takes the two-step path. The push hook checks once more
+against the connection that really publishes (a ``connection=`` or ``producer=`` the
+caller passed may go elsewhere): on another server it reserves in the store first and
+then pushes, the two-step path inside the publish, so the reservation and the
+``published`` event always land where the store looks.
 """
 
 from __future__ import annotations
@@ -52,10 +61,22 @@ def _same_server(conf: Any, store: Any) -> bool:
     transport = conf.get("broker_transport")
     if not (transport == broker.INBOX_TRANSPORT or transport is broker.Transport):
         return False
-    url = urlsplit(str(conf.get("broker_url") or ""))
+    written = conf.get("broker_write_url") or conf.get("broker_url")
+    if not isinstance(written, str) or ";" in written:  # a failover list: in doubt
+        return False
+    url = urlsplit(written)
     if url.scheme not in ("redis", "rediss"):
         return False
     return store.shares_server(url.hostname, url.port or 6379)
+
+
+def _publishes_to_store(store: RedisStore, client: Any) -> bool:
+    """Whether ``client`` (the connection that publishes) talks to the store's server."""
+    pool = getattr(client, "connection_pool", None)
+    params = getattr(pool, "connection_kwargs", None)
+    if not isinstance(params, dict):
+        return False
+    return store.shares_server(params.get("host") or params.get("path"), params.get("port"))
 
 
 def hook(
@@ -67,11 +88,37 @@ def hook(
     redis_store = cast(RedisStore, store)  # eligible() checked it
 
     def push(client: Any, queue_list: str, message: str) -> None:
+        if not _publishes_to_store(redis_store, client):
+            _reserve_then_push(redis_store, client, queue_list, message, key, task_id, ttl, audit)
+            return
         holder = redis_store.reserve_and_push(client, queue_list, message, key, task_id, ttl, audit)
         if holder is not None:
             raise Deduplicated(holder)
 
     return broker.PushHook(task_id, push)
+
+
+def _reserve_then_push(  # noqa: PLR0917
+    store: RedisStore,
+    client: Any,
+    queue_list: str,
+    message: str,
+    key: str | None,
+    task_id: str,
+    ttl: float | None,
+    audit: AuditEvent,
+) -> None:
+    """The two-step path, for a connection that publishes to another server: the
+    reservation (or, without one, the audit event after the push) in the store, then
+    kombu's own ``LPUSH`` on the publishing connection. A retried publish runs it again:
+    the reservation is already this job's, and records nothing twice."""
+    if key is not None:
+        holder = store.reserve(key, task_id, ttl, audit=audit)
+        if holder is not None:
+            raise Deduplicated(holder)
+    client.lpush(queue_list, message)
+    if key is None:
+        store.add_audit(audit)
 
 
 def forget(app: Any, task_id: str) -> None:

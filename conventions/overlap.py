@@ -137,7 +137,11 @@ def _holding(store: Store, name: str, owner: str, lease: float, body: Callable[[
         return body()
     finally:
         keeper.drop_lease(name, owner)
-        store.release_lease(name, owner)
+        try:  # a store error must not replace the body's outcome: the lease runs out
+            store.release_lease(name, owner)
+        except Exception:
+            logger.warning("could not release %s; it frees itself when its lease runs out",
+                           name, exc_info=True)  # fmt: skip
 
 
 def _record_success(store: Store, entry: str, occurrence: str, task_id: str) -> None:

@@ -19,6 +19,15 @@ server (any database):
 * Whatever no write took runs at ``task_postrun`` (:func:`settle`): a completion is
   never left behind, so the ledger says done before the message is acked.
 
+A completion waits for a store that does not answer (a lost connection, a timeout):
+it is tried again until the job's deadline (:data:`COMPLETION_PATIENCE`, and a second
+before its time limit), whatever ``result_backend_always_retry`` says, because the body
+ran and the ledger must say so. The riding SUCCESS write waits the same way. The lease
+keeper renews the claim meanwhile (``hold`` to ``let_go``). A completion run inside
+the job (any other store) that is still refused at the deadline raises, and the runner
+gives the message back to the broker; a riding one, after which Celery records FAILURE
+and acks, has the runner publish a copy of the job first (``give_back``).
+
 Anything else (another server, the SQL store, a plain Celery task) goes through Celery's
 backend unchanged. The result documents, keys and expiry are Celery's own.
 """
@@ -27,9 +36,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from celery import states
 from celery._state import get_current_task
@@ -37,6 +48,8 @@ from celery.app.task import get_actual_ignore_result
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from kombu.utils.encoding import bytes_to_str
 
+from conventions.decisions import DEFAULT_TABLE
+from conventions.decisions import Retry as RetryDecision
 from conventions.records import AuditEvent, Claim
 from conventions.store.redis import RedisStore, database_of
 from conventions.store.redis_results import ResultWrite
@@ -46,7 +59,39 @@ logger = logging.getLogger("conventions.results")
 #: a task class attribute: its STARTED write may wait for its claim
 RIDES = "rides_results"
 
+#: how long (seconds) a job whose body ran waits for the store to take its completion
+#: when it does not answer; the job's time limit shortens it (see the module)
+COMPLETION_PATIENCE = 60.0
+#: the first and the longest pause between two tries (seconds)
+PAUSES = (0.05, 2.0)
+
 _local = threading.local()  # per worker thread (per greenlet when patched)
+T = TypeVar("T")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server did not answer: a transport error of the default
+    decisions table (connection refused or lost, timeouts, DB operational errors)."""
+    return isinstance(DEFAULT_TABLE.decide(exc), RetryDecision)
+
+
+def patiently(call: Callable[[], T], deadline: float, what: str, on_wait: Callable[[], None]) -> T:
+    """``call()``, tried again while the server does not answer and ``deadline``
+    (``time.monotonic()``) is ahead; then its last error is raised. ``on_wait()`` runs
+    before the first wait."""
+    pause = PAUSES[0]
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not unreachable(exc) or time.monotonic() + pause > deadline:
+                raise
+            if pause == PAUSES[0]:
+                logger.warning("%s: the server does not answer (%s); trying again", what,
+                               type(exc).__qualname__)  # fmt: skip
+                on_wait()
+            time.sleep(pause)
+            pause = min(pause * 2, PAUSES[1])
 
 
 @dataclass
@@ -59,13 +104,32 @@ class _Completion:
     args: tuple[str, str, str, float, str | None]
     audit: AuditEvent
     after: Callable[[], None]
+    #: the lease keeper renews the claim while the completion waits for the store...
+    hold: Callable[[], None]
+    #: ...until the completion is recorded or given up
+    let_go: Callable[[], None]
+    #: until when (``time.monotonic()``) a store that does not answer is waited for
+    deadline: float
+    #: publishes a copy of the job, for a riding write refused past the deadline
+    give_back: Callable[[], None] = lambda: None
 
-    def run(self, result: ResultWrite | None) -> None:
-        """Complete the key (with ``result`` in the same script when given), then
+    def attempt(self, result: ResultWrite | None) -> None:
+        """Complete the key once (with ``result`` in the same script when given), then
         ``after``."""
         riding = {} if result is None else {"result": result}  # any store, or the Redis one
         self.store.complete(*self.args, audit=self.audit, **riding)
         self.after()
+
+    def run(self) -> None:
+        """Complete the key by itself, patiently (see the module), then let go; past the
+        deadline (a riding write waited already), one try."""
+        try:
+            patiently(
+                lambda: self.attempt(None), self.deadline, f"recording {self.args[0]} done",
+                self.hold,
+            )  # fmt: skip
+        finally:
+            self.let_go()
 
 
 class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
@@ -82,11 +146,41 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
             and pending.result_key == bytes_to_str(key)
             and len(value) <= self._MAX_STR_VALUE_SIZE
         ):
-            # a lost connection raises here and Celery's store_result tries again
-            pending.run(self.write(key, value))
+            # a lost connection raises here and _store_result tries again
+            pending.attempt(self.write(key, value))
             _local.completion = None
+            pending.let_go()
             return None
         return super()._set_with_state(key, value, state)
+
+    def _store_result(
+        self, task_id: str, result: Any, state: str, traceback: Any = None,
+        request: Any = None, **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        """Celery's write; the SUCCESS write a completion rides waits for the server
+        until the completion's deadline, with or without ``always_retry`` (Celery's own
+        retry, when on, is left to do it)."""
+        held: _Completion | None = getattr(_local, "completion", None)
+        write = partial(
+            super()._store_result, task_id, result, state, traceback, request=request, **kwargs
+        )
+        if state != states.SUCCESS or held is None or self.always_retry:
+            return write()
+        pending: _Completion = held
+        if pending.result_key != self.result_key(task_id):
+            return write()
+        try:
+            return patiently(
+                write, pending.deadline, f"recording {pending.args[0]} done", pending.hold
+            )
+        except Exception as exc:
+            if unreachable(exc) and getattr(_local, "completion", None) is pending:
+                # Celery records FAILURE and acks: a copy keeps the job (its body runs
+                # again), and settle does not try once more behind its back
+                _local.completion = None
+                pending.let_go()
+                pending.give_back()
+            raise
 
     def write(self, key: Any, value: Any) -> ResultWrite:
         ttl = int(self.expires) if self.expires else None
@@ -143,19 +237,28 @@ def complete(
     *,
     audit: AuditEvent,
     after: Callable[[], None],
+    hold: Callable[[], None],
+    let_go: Callable[[], None],
+    deadline: float,
+    give_back: Callable[[], None],
 ) -> None:
     """``task.store.complete(key, owner, "succeeded", ...)`` and then ``after()``: now, or
-    in the same script as Celery's SUCCESS write when one follows the body."""
+    in the same script as Celery's SUCCESS write when one follows the body. A store that
+    does not answer is waited for until ``deadline``, under ``hold()`` (the lease keeper)
+    until ``let_go()``, once it is over (recorded or given up). Raises when a completion
+    run now is still refused then; a riding one calls ``give_back()`` instead (Celery acks
+    the message after the write)."""
     backend, request = task.backend, task.request
     riding = isinstance(backend, RedisBackend) and backend.store_alongside(task.store) is not None
     completion = _Completion(
-        "", task.store, (key, owner, "succeeded", keep, reserved_by), audit, after
-    )
+        "", task.store, (key, owner, "succeeded", keep, reserved_by), audit, after, hold,
+        let_go, deadline, give_back,
+    )  # fmt: skip
     if riding and _success_write_follows(task, request):
         completion.result_key = backend.result_key(request.id)
         _local.completion = completion
     else:
-        completion.run(None)
+        completion.run()
 
 
 def _success_write_follows(task: Any, request: Any) -> bool:
@@ -169,14 +272,17 @@ def _success_write_follows(task: Any, request: Any) -> bool:
 
 
 def settle() -> None:
-    """After a job (``task_postrun``): a completion that no result write took runs now; a
-    held STARTED write that no claim took is dropped."""
+    """After a job (``task_postrun``): a completion that no result write took runs now
+    (when the store still does not answer, a copy of the job is published: Celery acks
+    the message next); a held STARTED write that no claim took is dropped."""
     _local.started = None
     pending: _Completion | None = getattr(_local, "completion", None)
     if pending is None:
         return
     _local.completion = None
     try:
-        pending.run(None)
-    except Exception:  # the lease runs out and a redelivery or replay runs the body again
+        pending.run()
+    except Exception as exc:
         logger.error("could not record %s as done", pending.args[0], exc_info=True)
+        if unreachable(exc):  # Celery acks the message next: a copy keeps the job
+            pending.give_back()

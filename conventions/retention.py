@@ -1,14 +1,21 @@
 """Retention: how long dead letters and audit trails are kept, and the purge behind it.
 
-``purge`` is what ``conventions retention`` runs. Workers also run it on their own: on
-``worker_ready`` (the main worker process, never the pool children) a daemon thread
-purges at start and then every ``conventions_retention_interval_seconds``; it stops at
-``worker_shutdown``. A failed purge is logged and tried again at the next interval.
+``purge`` and ``purge_expired`` are what ``conventions retention`` runs. ``purge_expired``
+is for the SQL store: its ledger, delivery counters, reservations, leases and state
+records keep an expiry column instead of a Redis TTL, and the rows past it are deleted
+here, in bounded batches, with the lifetimes Redis would give them (``ledger_keep``, the
+delivery ttl, each lease's and record's own ttl). On Redis it has nothing to do.
+
+Workers also run both on their own: on ``worker_ready`` (the main worker process, never
+the pool children) a daemon thread purges at start and then every
+``conventions_retention_interval_seconds``; it stops at ``worker_shutdown``. A failed
+purge is logged and tried again at the next interval.
 
 Several workers purging at once is harmless: a purge deletes what is older than a
 cutoff, so it is idempotent. On Redis each batch is one Lua script (atomic), so two
 workers delete disjoint batches; on SQL a ``DELETE ... WHERE`` waits for the other's row
-locks and finds nothing left. Only the counts in the logs are split between workers.
+locks and finds nothing left (an expired-row batch skips the rows others hold locked).
+Only the counts in the logs are split between workers.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from conventions.records import utcnow
 from conventions.store.base import Store
+from conventions.store.sql import SQLStore
 
 if TYPE_CHECKING:
     from conventions.app import App
@@ -39,6 +47,12 @@ def purge(store: Store, *, dead_letters: timedelta, audit: timedelta) -> tuple[i
     since before ``audit`` ago; return (dead letters, audit events) deleted."""
     now = utcnow()
     return store.purge_dead_letters(now - dead_letters), store.purge_audit(now - audit)
+
+
+def purge_expired(store: Store) -> dict[str, int]:
+    """Delete the SQL store's rows past their own expiry; how many, per table (nothing on
+    Redis, which expires them by TTL)."""
+    return store.purge_expired() if isinstance(store, SQLStore) else {}
 
 
 class Purger:
@@ -69,19 +83,27 @@ class Purger:
         return self._thread.is_alive()
 
     def run_once(self) -> tuple[int, int] | None:
-        """One purge; None when it failed (logged, never raised)."""
+        """One purge (dead letters, audit trails, then expired SQL rows); the first two
+        counts, or None when it failed (logged, never raised)."""
         try:
             counts = purge(self.app.store, dead_letters=self.dead_letters, audit=self.audit)
+            expired = purge_expired(self.app.store)
         except Exception:
             logger.exception("retention: purge failed; next try in %s", self.interval)
             return None
         logger.info("retention: deleted %d dead letters and %d audit events", *counts)
+        if expired:
+            logger.info("retention: deleted expired rows %s", _rows(expired))
         return counts
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.run_once()
             self._stop.wait(self.interval.total_seconds())
+
+
+def _rows(expired: dict[str, int]) -> str:
+    return ", ".join(f"{table}={count}" for table, count in expired.items())
 
 
 _purgers: dict[int, Purger] = {}

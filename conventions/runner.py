@@ -4,6 +4,11 @@ Kept apart from ``task`` so that the publish path stays small and the run path r
 top to bottom. Every delivery ends as one of: succeeded, skipped (already done, or
 SkipJob), deferred (the key is held by a live run), retried (with a computed countdown),
 dead-lettered (written to the store *before* the message is acked or rejected).
+
+Every store or broker call on the way out has a defined outcome when its server does
+not answer: the message is kept (published again, or given back unacked) or its dead
+letter is written; a claim that cannot be released runs out by itself (its lease is
+no longer renewed). Nothing on an exit path turns a store error into the job's FAILURE.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from conventions import (
     overlap,
     queues,
     results,
+    scrubbing,
 )
 from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
@@ -74,6 +80,8 @@ class Delivery:
     ran_from: float | None = None
     #: the ``exclusive=`` lock this delivery holds, if any
     lock: str | None = None
+    #: when this delivery started (monotonic): its time limit counts from about here
+    started_at: float = field(default_factory=time.monotonic)
 
     @property
     def body(self) -> ConventionTask:
@@ -148,7 +156,7 @@ class Delivery:
         try:
             holder = locks.take(self.task.store, name, self.owner, self.task.settings.lease)
         except Exception as exc:
-            self.defer(f"the store is unavailable ({type(exc).__qualname__})", store_down=True)
+            self.store_down(exc)
         if holder is not None:
             self.defer(f"exclusive lock {name} held by a live run")
         self.lock = name
@@ -168,14 +176,11 @@ class Delivery:
                 audit=self.event("started", **self.waited()),
             )  # fmt: skip
         except Exception as exc:
-            self.defer(f"the store is unavailable ({type(exc).__qualname__})", store_down=True)
+            self.store_down(exc)
         if claim.status is ClaimStatus.HELD and claim.holder == self.owner:
             claim = Claim(ClaimStatus.CLAIMED, self.owner)  # a retried claim: ours already
         if claim.status is ClaimStatus.DONE:
-            store.unreserve(key, request.id)
-            self.audit("skipped_duplicate", outcome=claim.outcome, holder=claim.holder)
-            logger.info("%s[%s]: key %s already done, body skipped", task.name, request.id, key)
-            return None
+            return self.skip_done(claim)
         if claim.status is ClaimStatus.HELD:
             self.defer("key held by a live run")
         if claim.deliveries > settings.max_deliveries:
@@ -198,23 +203,92 @@ class Delivery:
             result = self.call_body(payload, ctx)
         except ResumeLater as exc:
             keeper.drop(key, self.owner)
-            store.release(key, self.owner, None)
+            self.give_up_claim()
             self.resume_later(exc)
         except (Retry, Ignore, Reject):
             keeper.drop(key, self.owner)
-            store.release(key, self.owner, None)
+            self.give_up_claim()
             raise
         except Exception as exc:
             keeper.drop(key, self.owner)
             return self.on_failure(exc)
-        keeper.drop(key, self.owner)
-        reserved_by = request.id if task.dedup == "until_done" else None
-        # the checkpoint goes only once the ledger says done
-        results.complete(
-            task, key, self.owner, settings.ledger_keep, reserved_by,
-            audit=self.event("succeeded"), after=ctx.finish,
-        )  # fmt: skip
+        self.succeeded(ctx)
         return result
+
+    def skip_done(self, claim: Claim) -> None:
+        """The key is already done: drop this job's reservation, run nothing. A store
+        that does not answer keeps the job (deferred) rather than the reservation."""
+        task, request, key = self.task, self.request, str(self.key)
+        try:
+            task.store.unreserve(key, request.id)
+        except Exception as exc:
+            self.store_down(exc)
+        self.audit("skipped_duplicate", outcome=claim.outcome, holder=claim.holder)
+        logger.info("%s[%s]: key %s already done, body skipped", task.name, request.id, key)
+
+    def succeeded(self, ctx: JobContext) -> None:
+        """Record the key done (see ``conventions.results``). The lease keeper lets the
+        claim go first (a renewal would race the completion), and holds it again while
+        the completion waits for a store that does not answer."""
+        task, key, owner = self.task, str(self.key), self.owner
+        store, settings = task.store, task.settings
+        reserved_by = self.request.id if task.dedup == "until_done" else None
+        keeper.drop(key, owner)
+        try:
+            # the checkpoint goes only once the ledger says done
+            results.complete(
+                task, key, owner, settings.ledger_keep, reserved_by,
+                audit=self.event("succeeded"), after=ctx.finish,
+                hold=lambda: keeper.hold(store, key, owner, settings.lease),
+                let_go=lambda: keeper.drop(key, owner), deadline=self.deadline(),
+                give_back=self.give_back,
+            )  # fmt: skip
+        except Exception as exc:
+            self.completion_refused(exc)
+
+    def deadline(self) -> float:
+        """Until when a completion waits for a store that does not answer: the patience,
+        and a second before the job's time limit (the hard one would kill a job that
+        ran fine and dead-letter it; the soft one would break into the wait)."""
+        hard, soft = getattr(self.request, "timelimit", None) or (None, None)
+        limit = soft or hard or self.task.soft_time_limit or self.task.time_limit
+        deadline = time.monotonic() + results.COMPLETION_PATIENCE
+        return deadline if not limit else min(deadline, self.started_at + float(limit) - 1.0)
+
+    def completion_refused(self, exc: Exception) -> NoReturn:
+        """The body ran, but the store did not take its completion in time: the message
+        goes back to the broker, not acked. Its next delivery finds the key not done and
+        runs the body again (at least once; providers get the same idempotency key)."""
+        logger.error("%s[%s]: ran, but could not record %s as done (%s); requeued",
+                     self.task.name, self.request.id, self.key, type(exc).__qualname__)  # fmt: skip
+        raise Reject(f"completion not recorded ({type(exc).__qualname__})", requeue=True) from exc
+
+    def give_back(self) -> None:
+        """The SUCCESS write that carried the completion was refused past its deadline,
+        and Celery acks the message after it: a copy is published (as ``defer`` does),
+        whose delivery runs the body again once the claim has run out."""
+        try:
+            self.republish(self.task.settings.lease)
+        except Exception as exc:
+            logger.error("%s[%s]: could not publish it again (%s)", self.task.name,
+                         self.request.id, exc)  # fmt: skip
+            return
+        logger.error("%s[%s]: ran, but could not record %s as done; published again",
+                     self.task.name, self.request.id, self.key)  # fmt: skip
+
+    def give_up_claim(self) -> None:
+        """Release the ledger claim (a retry, a resume, a dead letter). When the store
+        does not answer, the claim runs out by itself (nothing renews it any more) and
+        the next delivery takes the key over: the exit goes on."""
+        try:
+            self.task.store.release(str(self.key), self.owner, None)
+        except Exception as exc:
+            logger.warning("%s[%s]: could not release %s (%s); its lease runs out",
+                           self.task.name, self.request.id, self.key, exc)  # fmt: skip
+
+    def store_down(self, exc: BaseException, purpose: str = "") -> NoReturn:
+        """The store did not answer on the way out: keep the job (``defer``)."""
+        self.defer(f"the store is unavailable{purpose} ({type(exc).__qualname__})", store_down=True)
 
     def publish_progress(self, document: dict[str, Any]) -> None:
         """Progress into the result backend, where Flower and ``AsyncResult`` see it."""
@@ -251,10 +325,7 @@ class Delivery:
         if countdown is None:
             countdown = lease / 2 + random.uniform(0, lease / 2)
         try:
-            self.task.apply_async(
-                (), self.kwargs, task_id=self.request.id, headers=self.headers,
-                countdown=countdown, retries=self.request.retries or 0, **{READY: True},
-            )  # fmt: skip
+            self.republish(countdown)
         except Exception as exc:
             logger.error("%s[%s]: could not defer (%s); requeued", self.task.name,
                          self.request.id, exc)  # fmt: skip
@@ -266,13 +337,21 @@ class Delivery:
         )  # fmt: skip
         raise Ignore()
 
+    def republish(self, countdown: float) -> None:
+        """Publish this delivery again, due in ``countdown`` seconds, with no attempt spent."""
+        self.task.apply_async(
+            (), self.kwargs, task_id=self.request.id, headers=self.headers,
+            countdown=countdown, retries=self.request.retries or 0, **{READY: True},
+        )  # fmt: skip
+
     def quarantine(self, deliveries: int) -> NoReturn:
-        """The job was claimed too often without finishing: it kills its worker."""
+        """The job was claimed too often without finishing: it kills its worker (or its
+        way out kept failing: a retry or completion that could not be recorded)."""
         reason = (
             f"claimed {deliveries} times for attempt {self.attempt} without finishing: "
-            "the job keeps killing its worker"
+            "the job keeps killing its worker, or its outcome could not be recorded"
         )
-        self.task.store.release(str(self.key), self.owner, None)
+        self.give_up_claim()
         self.dead_letter(None, Category.POISON, reason, alert=True)
         self.audit("quarantined", deliveries=deliveries)
         self.settle_result(Reject(reason, requeue=False))
@@ -297,7 +376,10 @@ class Delivery:
         decision = self.body.decisions.decide(exc)
         store, key = self.task.store, str(self.key)
         if isinstance(decision, Skip):
-            store.release(key, self.owner, self.request.id)
+            try:
+                store.release(key, self.owner, self.request.id)
+            except Exception as release_error:  # the reservation would stay: keep the job
+                self.store_down(release_error, " for the skip")
             self.audit("skipped", reason=decision.reason)
             logger.info("%s[%s] skipped: %s", self.task.name, self.request.id, decision.reason)
             return None
@@ -307,32 +389,60 @@ class Delivery:
             decision = DeadLetter(
                 Category.EXHAUSTED, f"gave up after {self.attempt} attempts: {exc!r}", alert=True
             )
-        store.release(key, self.owner, None)
+        self.give_up_claim()
         self.dead_letter(exc, decision.category, decision.reason, alert=decision.alert)
-        raise exc
+        raise scrubbing.scrubbed(exc)  # what Celery logs, stores and sends: no personal data
 
     def retry(self, exc: Exception, decision: RetryDecision) -> NoReturn:
-        task = self.task
+        """Publish the next attempt as Celery's ``Task.retry`` does (the same id and
+        options, ``retries + 1``, then ``Retry`` so that Celery records RETRY), and only
+        then say ``retried``. The claim is given up first, so that the retry finds the
+        key free; the enqueue reservation stays (duplicates published meanwhile dedup).
+        A retry that cannot be published leaves this message to be delivered again
+        (requeued, not acked, as ``defer`` does), where Celery's own ``retry`` rejects it
+        for good (``Reject(requeue=False)``: on Redis, deleted)."""
+        task, request = self.task, self.request
         countdown = self.body.backoff.countdown(
             self.attempt, decision.delay, task.settings.max_countdown
         )
-        # the enqueue reservation stays: duplicates published meanwhile still dedup
-        task.store.release(str(self.key), self.owner, None)
         headers = dict(self.headers)
         headers.setdefault(context.FIRST_FAILED_AT, utcnow().isoformat())
         if decision.reconcile:
             headers[context.RECONCILE] = "1"
         else:
             headers.pop(context.RECONCILE, None)
+        self.give_up_claim()
+        if request.is_eager:  # nothing to publish: Celery runs the retry in place
+            raise task.retry(
+                exc=scrubbing.scrubbed(exc), countdown=countdown, headers=headers, **{READY: True}
+            )
+        signature = task.signature_from_request(
+            request, None, None, countdown=countdown, retries=(request.retries or 0) + 1,
+            headers=headers, **{READY: True},
+        )  # fmt: skip
+        try:
+            signature.apply_async()
+        except Exception as publish_error:
+            self.retry_refused(exc, publish_error)
         self.audit(
             "retried", delay=round(countdown, 3), reason=decision.reason,
             exc_type=type(exc).__qualname__,
         )  # fmt: skip
         logger.warning(
             "%s[%s] attempt %d failed (%s: %s); retrying in %.2fs",
-            task.name, self.request.id, self.attempt, type(exc).__qualname__, exc, countdown,
+            task.name, request.id, self.attempt, type(exc).__qualname__, exc, countdown,
         )  # fmt: skip
-        raise task.retry(exc=exc, countdown=countdown, headers=headers, **{READY: True})
+        raise Retry(exc=scrubbing.scrubbed(exc), when=countdown, sig=signature)
+
+    def retry_refused(self, exc: Exception, publish_error: Exception) -> NoReturn:
+        """The broker refused the retry: ``retry_failed`` in the books, and this message
+        back to the broker, unacked. Its next delivery runs the same attempt again; one
+        that keeps failing this way is quarantined after ``max_deliveries``."""
+        reason = f"the retry could not be published ({type(publish_error).__qualname__})"
+        self.audit("retry_failed", reason=reason, exc_type=type(exc).__qualname__)
+        logger.error("%s[%s] attempt %d failed (%s) and %s; requeued", self.task.name,
+                     self.request.id, self.attempt, type(exc).__qualname__, reason)  # fmt: skip
+        raise Reject(reason, requeue=True) from publish_error
 
     def dead_letter(
         self, exc: BaseException | None, category: Category, reason: str, alert: bool = False
@@ -353,15 +463,13 @@ class Delivery:
             first_failed_at=datetime.fromisoformat(first) if first else None,
         )
         try:
+            # the reservation first: a written record never leaves its key reserved
+            if self.key:
+                task.store.unreserve(self.key, request.id)
             task.store.put_dead_letter(record)
         except Exception as write_error:
             # no home for the record: keep the job instead (it runs again later)
-            self.defer(
-                f"the store is unavailable for the dead letter ({type(write_error).__qualname__})",
-                store_down=True,
-            )
-        if self.key:
-            task.store.unreserve(self.key, request.id)
+            self.store_down(write_error, " for the dead letter")
         self.audit(
             "dead_lettered", category=str(category), dead_letter_id=record.id,
             reason=record.message,

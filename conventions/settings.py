@@ -14,6 +14,7 @@ from conventions import backpressure, limits
 from conventions.backpressure import Bound
 from conventions.limits import Limit
 from conventions.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
+from conventions.store.redis_records import AUDIT_MAX_EVENTS, AUDIT_MAX_TRAILS
 
 #: seconds a ledger lease lasts before another execution may take the key over
 DEFAULT_LEASE = 30.0
@@ -51,6 +52,10 @@ class Settings:
     audit_retention: float
     #: seconds between two purges of a worker
     retention_interval: float
+    #: the most audit trails (correlation ids) a Redis store keeps; 0: no cap
+    audit_max_trails: int = AUDIT_MAX_TRAILS
+    #: the most events one audit trail keeps (its newest) on Redis; 0: no cap
+    audit_max_events: int = AUDIT_MAX_EVENTS
     #: named dependency limits (``conventions_limits``), shared by every worker
     limits: dict[str, Limit] = field(default_factory=dict)
     #: per-queue bounds on depth or oldest age (``conventions_backpressure``); off if empty
@@ -97,9 +102,31 @@ def read(conf: Any) -> Settings:
         retention_interval=_seconds(
             conf, "conventions_retention_interval_seconds", RETENTION_INTERVAL
         ),
+        audit_max_trails=_count(conf, "conventions_audit_max_trails", AUDIT_MAX_TRAILS),
+        audit_max_events=_count(conf, "conventions_audit_max_events", AUDIT_MAX_EVENTS),
         limits=limits.parse(conf.get("conventions_limits")),
         backpressure=backpressure.parse(conf.get("conventions_backpressure")),
     )
+
+
+def store_options(conf: Settings) -> dict[str, Any]:
+    """What a Redis store takes from the settings: the audit trail's lifetime and caps."""
+    return {
+        "audit_ttl": conf.audit_retention,
+        "audit_max_trails": conf.audit_max_trails,
+        "audit_max_events": conf.audit_max_events,
+    }
+
+
+def _count(conf: Any, name: str, default: int) -> int:
+    """A count of 0 or more (0: no cap); unset gives ``default``."""
+    value = conf.get(name)
+    if value is None or value == "":
+        return default
+    count = int(value)
+    if count < 0:
+        raise ValueError(f"{name} = {value!r}: give a count of 0 or more (0: no cap)")
+    return count
 
 
 def _enabled(value: Any) -> bool:

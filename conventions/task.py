@@ -14,12 +14,13 @@ import logging
 import string
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 
 from billiard.exceptions import TimeLimitExceeded
 from celery import Task
 from celery.result import AsyncResult
+from celery.utils.time import is_naive, maybe_iso8601
 
 from conventions import audit, backpressure, broker, context, onetrip, runner
 from conventions.backoff import Backoff
@@ -253,9 +254,13 @@ class ConventionTask(Task):  # type: ignore[misc]
         return self.settings.ledger_keep  # "until_done": released at the end, bounded
 
     def _check_delay(self, options: dict[str, Any]) -> None:
+        """Refuse a delay beyond the broker's safe maximum; ``eta`` is read as Celery's
+        worker reads it (an ISO 8601 string or a datetime, naive meaning UTC) and passed
+        on as an aware datetime. An ``eta`` Celery cannot read is refused here: its worker
+        would reject the message (InvalidTaskError) and the job would be lost."""
         countdown = options.get("countdown")
-        eta = options.get("eta")
-        if eta is not None and isinstance(eta, datetime):
+        if options.get("eta") is not None:
+            options["eta"] = eta = self._eta_moment(options["eta"])
             countdown = (eta - utcnow()).total_seconds()
         limit = self.settings.max_countdown
         if countdown is not None and float(countdown) > limit:
@@ -265,6 +270,22 @@ class ConventionTask(Task):  # type: ignore[misc]
                 "the visibility timeout): raise broker_transport_options['visibility_timeout'] "
                 "or schedule the job later with beat"
             )
+
+    def _eta_moment(self, eta: Any) -> datetime:
+        """``eta`` as an aware datetime, or ConfigurationError saying what is accepted."""
+        moment = eta
+        if isinstance(eta, str):
+            try:
+                moment = maybe_iso8601(eta)
+            except (ValueError, OverflowError) as exc:
+                moment = exc
+        if not isinstance(moment, datetime):
+            raise ConfigurationError(
+                f"{self.name}: eta={eta!r} is not a moment Celery can read: pass a datetime "
+                "(timezone-aware; a naive one is read as UTC) or an ISO 8601 string, or use "
+                "countdown= seconds"
+            )
+        return moment.replace(tzinfo=UTC) if is_naive(moment) else moment
 
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any

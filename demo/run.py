@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     where.DATA.mkdir(parents=True)
     place = where.choose(embedded="--embedded" in args)
     print(f"demo: running on {place.where}", flush=True)
+    if place.lowered:
+        print(f"demo: {place.lowered}", flush=True)
     run = {"run_id": place.run_id, "where": place.where, "pid": os.getpid()}
     (where.DATA / "run.json").write_text(json.dumps(run))  # the test finds the processes
     env = environment(place)

@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".demo"
 #: the Redis databases used when the demo finds a Redis on localhost
 DEFAULT_REDIS_DBS = (3, 4)
+#: the doctor refuses to start a worker on a Redis without persistence; the demo's Redis
+#: is a throwaway one (emptied first), so the demo lowers that check to a warning, and says so
+LOWERED_CHECK = "redis-no-persistence=warning"
 
 
 @dataclass
@@ -27,6 +30,8 @@ class Place:
     env: dict[str, str]
     #: True when the broker is Redis (queue ages, metrics and Flower work)
     redis: bool
+    #: what the demo changed about the doctor's levels, said in words ("" for nothing)
+    lowered: str = ""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -69,13 +74,28 @@ def choose(embedded: bool = False) -> Place:
     if given:
         env["CONVENTIONS_STORE_URL"] = os.environ.get("CONVENTIONS_STORE_URL", sqlite_store)
         redis = given.startswith(("redis://", "rediss://"))
-        return Place(f"the broker you configured ({given.split('@')[-1]})", env, redis)
+        place = Place(f"the broker you configured ({given.split('@')[-1]})", env, redis)
+        return _lower_persistence_check(place) if redis else place
     dbs = redis_dbs(os.environ.get("DEMO_REDIS_DBS"))
     if not embedded and _local_redis(dbs):
         env["REDIS_URL"] = f"redis://127.0.0.1:6379/{dbs[0]}"
         env["CONVENTIONS_STORE_URL"] = f"redis://127.0.0.1:6379/{dbs[1]}"
-        return Place(f"Redis on localhost:6379 (databases {dbs[0]} and {dbs[1]})", env, True)
+        where = f"Redis on localhost:6379 (databases {dbs[0]} and {dbs[1]})"
+        return _lower_persistence_check(Place(where, env, True))
     env["CELERY_BROKER_URL"] = "filesystem://"
     env["CONVENTIONS_STORE_URL"] = sqlite_store
     where = "the embedded default: Celery's filesystem transport + SQLite in .demo/"
     return Place(where, env, False)
+
+
+def _lower_persistence_check(place: Place) -> Place:
+    """Lower ``redis-no-persistence`` to a warning for every process of the demo (levels
+    given in ``CONVENTIONS_DOCTOR_LEVELS`` come after, so they still win)."""
+    given = os.environ.get("CONVENTIONS_DOCTOR_LEVELS", "")
+    place.env["CONVENTIONS_DOCTOR_LEVELS"] = ",".join(filter(None, [LOWERED_CHECK, given]))
+    place.lowered = (
+        "the doctor's redis-no-persistence check is lowered to a warning for this run "
+        f"(CONVENTIONS_DOCTOR_LEVELS={LOWERED_CHECK}): the demo's Redis is a throwaway one; "
+        "a real worker refuses to start on a Redis without AOF or RDB snapshots"
+    )
+    return place

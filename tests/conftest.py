@@ -24,9 +24,12 @@ os.environ["CONVENTIONS_STORE_URL"] = f"{REDIS_BASE}/{STORE_DB}"
 os.environ["DATABASE_URL"] = f"{PG_BASE}/{SHOP_DB}"
 os.environ["CONVENTIONS_LEASE_SECONDS"] = "3"
 # some tests shorten the visibility timeout below the time limits on purpose (to force a
-# redelivery): the doctor warns about it instead of refusing to start their workers
+# redelivery): the doctor warns about it instead of refusing to start their workers; and
+# the suite's Redis runs without persistence (scripts/services.sh: a throwaway server),
+# which the doctor refuses for workers by default
 os.environ["CONVENTIONS_DOCTOR_LEVELS"] = (
-    "time-limit-beyond-visibility=warning,countdown-beyond-visibility=warning"
+    "time-limit-beyond-visibility=warning,countdown-beyond-visibility=warning,"
+    "redis-no-persistence=warning"
 )
 os.environ.pop("SMTP_URL", None)
 os.environ.pop("SENTRY_DSN", None)

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from conventions.store.base import Store
 from conventions.store.redis import RedisStore
@@ -44,7 +44,8 @@ def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
     raise ValueError(f"unsupported store URL {url!r}: the scheme must be one of {accepted}")
 
 
-def open_store(url: str) -> Store:
-    """The store for ``url``, chosen by its scheme (see :func:`resolve_url`)."""
+def open_store(url: str, **redis_options: Any) -> Store:
+    """The store for ``url``, chosen by its scheme (see :func:`resolve_url`);
+    ``redis_options`` go to :class:`RedisStore` (the audit trail's ttl and caps)."""
     backend, resolved = resolve_url(url)
-    return RedisStore(resolved) if backend == "redis" else SQLStore(resolved)
+    return RedisStore(resolved, **redis_options) if backend == "redis" else SQLStore(resolved)

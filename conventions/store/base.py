@@ -9,10 +9,41 @@ unique row, a Lua script or a conditional ``UPDATE``), never by a read-then-writ
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from conventions.records import AuditEvent, Category, Claim, DeadLetter
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What the store holds for one idempotency key (``conventions keys show``); an
+    expired reservation or ledger entry is no longer there."""
+
+    key: str
+    #: the job id holding the enqueue reservation, or None
+    reserved_by: str | None = None
+    #: when the reservation runs out (None: no reservation, or one without a ttl)
+    reserved_until: datetime | None = None
+    #: the ledger entry: ``running`` (a live lease) or ``done``, or None
+    ledger_state: str | None = None
+    #: the execution that holds the lease, or that recorded done
+    ledger_owner: str | None = None
+    ledger_outcome: str | None = None
+    #: the end of the lease (running) or of the keep period (done)
+    ledger_until: datetime | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.reserved_by is None and self.ledger_state is None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("reserved_until", "ledger_until"):
+            moment = data[name]
+            data[name] = moment.isoformat() if moment is not None else None
+        return data
 
 
 @runtime_checkable
@@ -35,6 +66,16 @@ class Store(Protocol):
 
     def unreserve(self, key: str, job_id: str) -> None:
         """Drop the reservation, only if ``job_id`` still holds it."""
+        ...
+
+    def key_state(self, key: str) -> KeyState:
+        """``key``'s reservation and ledger entry, as they are now (an operator's look)."""
+        ...
+
+    def clear_key(self, key: str, *, audit: AuditEvent | None = None) -> KeyState:
+        """Drop ``key``'s reservation and ledger entry, whoever holds them, and record
+        ``audit``, atomically; answers what was there (an operator's repair, after a
+        purged queue: the next publish and the next delivery of the key start afresh)."""
         ...
 
     # -- execution ledger --------------------------------------------------------------
@@ -160,7 +201,7 @@ class Store(Protocol):
 
     # -- token buckets (dependency rate limits) ----------------------------------------
     # One bucket per name, held by the store so that every worker shares it, with the
-    # store's clock (Redis ``TIME``; the writer's clock on SQL). The algorithm is
+    # store's clock (Redis ``TIME``; the database's clock on SQL). The algorithm is
     # ``conventions.store.tokens.step``.
     def take_token(
         self, name: str, interval: float, burst: int, max_wait: float, booked: bool

@@ -15,36 +15,22 @@ store targets one Redis node, not Redis Cluster), and
 
 from __future__ import annotations
 
-import json
-import math
+from datetime import timedelta
 from typing import Any, cast
 
 import redis
 
-from conventions import counts, keys
-from conventions.records import AuditEvent, Claim, ClaimStatus
+from conventions import keys
+from conventions.records import AuditEvent, Claim, ClaimStatus, utcnow
+from conventions.store.base import KeyState
 from conventions.store.redis_coordination import DELETE_IF_HELD, RedisCoordination, _ms
-from conventions.store.redis_records import RedisRecords, _score
+from conventions.store.redis_records import (
+    AUDIT,
+    AUDIT_MAX_EVENTS,
+    AUDIT_MAX_TRAILS,
+    RedisRecords,
+)
 from conventions.store.redis_results import ResultWrite, with_result
-
-#: Appends an audit event in the same script as the state change it records, and moves
-#: its counters (:mod:`conventions.counts`). Every script that uses it takes the audit
-#: trail, the by-time index and the counters hash as its last three KEYS and (event JSON
-#: or '', trail ttl s, score, correlation id, counter fields JSON [field, n, ...]) as its
-#: last five ARGV.
-_AUDIT = """
-local function record_audit()
-  local event = ARGV[#ARGV - 4]
-  if event == '' then return end
-  redis.call('RPUSH', KEYS[#KEYS - 2], event)
-  redis.call('EXPIRE', KEYS[#KEYS - 2], ARGV[#ARGV - 3])
-  redis.call('ZADD', KEYS[#KEYS - 1], 'GT', ARGV[#ARGV - 2], ARGV[#ARGV - 1])
-  local counts = cjson.decode(ARGV[#ARGV])
-  for i = 1, #counts, 2 do
-    redis.call('HINCRBY', KEYS[#KEYS], counts[i], counts[i + 1])
-  end
-end
-"""
 
 #: Defines ``take_reservation()``: the dedup key KEYS[1] for job ARGV[1] (ttl ms ARGV[2],
 #: or '' for none). Returns the other job holding it, or false when it is this job's
@@ -69,7 +55,7 @@ end
 #: KEYS: dedup, audit keys. ARGV: job id, ttl ms or '', audit args.
 #: Returns the holder's job id, or false when the reservation is ours (the audit event
 #: is recorded only when this call made the reservation).
-_RESERVE = _AUDIT + _TAKE_RESERVATION + "return take_reservation()\n"
+_RESERVE = AUDIT + _TAKE_RESERVATION + "return take_reservation()\n"
 
 #: The publish in one round trip (:mod:`conventions.onetrip`), run on the broker's
 #: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
@@ -79,7 +65,7 @@ _RESERVE = _AUDIT + _TAKE_RESERVATION + "return take_reservation()\n"
 #: '0'), store db, broker db, message, audit args. Returns the holder (nothing pushed) or
 #: false.
 _RESERVE_PUSH = (
-    _AUDIT
+    AUDIT
     + _TAKE_RESERVATION
     + """
 local other_db = ARGV[4] ~= ARGV[5]
@@ -97,7 +83,7 @@ return false
 #: ms, audit args. Returns {status, holder, outcome, deliveries}; the audit event is
 #: recorded only on a claim.
 _CLAIM = (
-    _AUDIT
+    AUDIT
     + """
 local entry = redis.call('HMGET', KEYS[1], 'state', 'owner', 'outcome')
 if entry[1] == 'done' then
@@ -139,7 +125,7 @@ end
 #: event is recorded either way, except on a replay (done already, by this owner: a
 #: retried write whose first reply was lost). Returns 1 when done was recorded.
 _COMPLETE = (
-    _AUDIT
+    AUDIT
     + """
 local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if entry[1] == 'done' and entry[2] == ARGV[1] then return 0 end  -- a replay: done already
@@ -170,6 +156,22 @@ end
 )
 
 
+#: KEYS: dedup, ledger, audit keys. ARGV: audit args. Drops both, records the audit
+#: event; returns {holder, its pttl, state, owner, outcome, the entry's pttl}.
+_CLEAR_KEY = (
+    AUDIT
+    + """
+local holder = redis.call('GET', KEYS[1])
+local reserved_ms = redis.call('PTTL', KEYS[1])
+local entry = redis.call('HMGET', KEYS[2], 'state', 'owner', 'outcome')
+local entry_ms = redis.call('PTTL', KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2])
+record_audit()
+return {holder, reserved_ms, entry[1], entry[2], entry[3], entry_ms}
+"""
+)
+
+
 def database_of(client: redis.Redis) -> int:
     """The database number a redis-py client selects."""
     return int(client.connection_pool.connection_kwargs.get("db") or 0)
@@ -189,6 +191,9 @@ class RedisStore(RedisRecords, RedisCoordination):
         prefix: str = keys.DEFAULT_PREFIX,
         delivery_ttl: float = 7 * 86400,
         audit_ttl: float = 14 * 86400,
+        *,
+        audit_max_trails: int = AUDIT_MAX_TRAILS,
+        audit_max_events: int = AUDIT_MAX_EVENTS,
     ) -> None:
         if isinstance(client_or_url, str):
             self.client = redis.Redis.from_url(client_or_url, decode_responses=True)
@@ -201,10 +206,13 @@ class RedisStore(RedisRecords, RedisCoordination):
         self.prefix = prefix
         self.delivery_ttl = delivery_ttl
         self.audit_ttl = audit_ttl
+        self.audit_max_trails = audit_max_trails
+        self.audit_max_events = audit_max_events
         register = self.client.register_script
         self._reserve = register(_RESERVE)
         self._reserve_push = register(_RESERVE_PUSH)
         self._unreserve = register(DELETE_IF_HELD)
+        self._clear_key = register(_CLEAR_KEY)
         self._claim = register(_CLAIM)
         self._renew = register(_RENEW)
         self._complete = register(_COMPLETE)
@@ -277,6 +285,24 @@ class RedisStore(RedisRecords, RedisCoordination):
     def unreserve(self, key: str, job_id: str) -> None:
         self._unreserve(keys=[keys.dedup(key, self.prefix)], args=[job_id])
 
+    def key_state(self, key: str) -> KeyState:
+        pipe = self.client.pipeline(transaction=True)
+        dedup, ledger = keys.dedup(key, self.prefix), keys.ledger(key, self.prefix)
+        pipe.get(dedup)
+        pipe.pttl(dedup)
+        pipe.hmget(ledger, "state", "owner", "outcome")
+        pipe.pttl(ledger)
+        holder, reserved_ms, entry, entry_ms = pipe.execute()
+        return _key_state(key, [holder, reserved_ms, *entry, entry_ms])
+
+    def clear_key(self, key: str, *, audit: AuditEvent | None = None) -> KeyState:
+        audit_keys, audit_args = self._audit_parts(audit)
+        found = self._clear_key(
+            keys=[keys.dedup(key, self.prefix), keys.ledger(key, self.prefix), *audit_keys],
+            args=audit_args,
+        )
+        return _key_state(key, list(found))
+
     # -- execution ledger --------------------------------------------------------------
     def claim(
         self,
@@ -336,17 +362,6 @@ class RedisStore(RedisRecords, RedisCoordination):
             args=[owner, "", 0, *self._reservation(reserved_by)],
         )
 
-    def _audit_parts(self, event: AuditEvent | None) -> tuple[list[str], list[Any]]:
-        """The trailing KEYS and ARGV of a script that records ``event`` (or nothing)."""
-        by_time, counted = keys.audit_by_time(self.prefix), keys.counts(self.prefix)
-        if event is None:
-            return [by_time, by_time, counted], ["", 1, 0, "", "[]"]
-        trail = keys.audit(event.correlation_id, self.prefix)
-        ttl = max(1, math.ceil(self.audit_ttl))
-        data = json.dumps(event.to_dict())
-        moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
-        return [trail, by_time, counted], [data, ttl, _score(event.at), event.correlation_id, moved]
-
     def _riding(
         self, plain: Any, with_result: Any, result: ResultWrite | None
     ) -> tuple[Any, list[str], list[Any]]:
@@ -363,3 +378,18 @@ class RedisStore(RedisRecords, RedisCoordination):
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
+
+
+def _key_state(key: str, found: list[Any]) -> KeyState:
+    """A :class:`KeyState` from (holder, its pttl, state, owner, outcome, the entry's pttl)."""
+    holder, reserved_ms, state, owner, outcome, entry_ms = found
+    now = utcnow()
+
+    def until(ms: Any) -> Any:
+        return now + timedelta(milliseconds=int(ms)) if ms is not None and int(ms) >= 0 else None
+
+    return KeyState(
+        key=key, reserved_by=holder or None, reserved_until=until(reserved_ms) if holder else None,
+        ledger_state=state or None, ledger_owner=owner or None, ledger_outcome=outcome or None,
+        ledger_until=until(entry_ms) if state else None,
+    )  # fmt: skip

@@ -4,6 +4,13 @@ A dead-letter record is a hash indexed by time in sorted sets (all, by task, by
 category, by both); an audit trail is a list per correlation id, indexed by the time of
 its last event. Purges walk an index oldest first in batches, each batch one script.
 
+The audit trail shares a Redis that runs ``noeviction`` (often the broker's), so its
+size is bounded, not only its age: each event is kept in the compact form
+(:meth:`~conventions.records.AuditEvent.to_compact`, a job's fields once per job: about
+900 bytes for a job's trail, index included, see :data:`AUDIT_BYTES_PER_JOB`), a trail
+keeps its newest :data:`AUDIT_MAX_EVENTS` events, and beyond :data:`AUDIT_MAX_TRAILS`
+trails the ones idle longest are dropped as new ones come.
+
 The dead-letter and audit scripts build some key names at run time (the indexes a record
 was in, the records of a purge batch), so this store targets one Redis node (or a
 replicated primary), not Redis Cluster. :class:`RedisRecords` is a part of
@@ -15,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime
-from typing import cast
+from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
@@ -103,6 +110,145 @@ return {#ids, removed}
 #: how many records or correlation ids one purge script call handles (bounds the time
 #: Redis spends in one script)
 PURGE_BATCH = 500
+#: the most trails (correlation ids) kept; beyond it the ones idle longest are dropped
+AUDIT_MAX_TRAILS = 1_000_000
+#: the most events one trail keeps (its newest): a fan-out or a retry storm stays bounded
+AUDIT_MAX_EVENTS = 500
+#: what one job's trail (published, started, succeeded, ids of usual lengths) takes in
+#: Redis, its index entry and expiry included, rounded up: 771 bytes by ``MEMORY USAGE``
+#: and 846 to 874 by ``INFO memory`` over 10,000 jobs on Redis 7 (the full JSON form:
+#: 1,603 and about 1,700); ``tests/integration/test_audit_bounds.py`` holds it to a budget
+AUDIT_BYTES_PER_JOB = 900
+
+#: Appends an audit event in the same script as the state change it records, and moves
+#: its counters (:mod:`conventions.counts`). Every script that uses it takes the audit
+#: trail, the by-time index and the counters hash as its last three KEYS and (event JSON
+#: or '', the same without its job fields or '', trail ttl s, score, correlation id,
+#: counter fields JSON [field, n, ...], trail key prefix, max events per trail, max
+#: trails) as its last nine ARGV.
+#:
+#: The job fields (task, causation, idempotency key) are kept once per job and trail: an
+#: event whose nearest earlier event of the same task id (among the last 16) carries the
+#: same ones is kept without them, and the reader fills them in. The two caps bound the
+#: trail's size (0: no cap). A trail longer than max events keeps its newest ones (the
+#: first event that leaned on a dropped one gets its job fields back); beyond max trails,
+#: the trails idle longest are dropped, at most two per event (a lowered cap is reached
+#: gradually, and one event never runs long).
+AUDIT = """
+local function same_job(raw, task_id)
+  if not string.find(raw, task_id, 1, true) then return nil end
+  local ok, other = pcall(cjson.decode, raw)
+  if ok and type(other) == 'table' and other.j == task_id then return other end
+  return nil
+end
+
+local function shortest(trail, full, short)
+  if short == '' then return full end
+  local new = cjson.decode(full)
+  local recent = redis.call('LRANGE', trail, -16, -1)
+  for i = #recent, 1, -1 do
+    local other = same_job(recent[i], new.j)
+    if other and other.t ~= nil then
+      if other.t == new.t and other.c == new.c and other.k == new.k then return short end
+      return full
+    end
+  end
+  return full
+end
+
+local function job_fields(carrier)
+  local fields = '"t":' .. cjson.encode(carrier.t)
+  if carrier.c ~= nil then fields = fields .. ',"c":' .. cjson.encode(carrier.c) end
+  if carrier.k ~= nil then fields = fields .. ',"k":' .. cjson.encode(carrier.k) end
+  return fields
+end
+
+local function trim(trail, max_events, length)
+  local drop = length - max_events
+  local window = redis.call('LRANGE', trail, 0, drop + 15)
+  for i = 1, drop do
+    local ok, carrier = pcall(cjson.decode, window[i])
+    if ok and type(carrier) == 'table' and carrier.j ~= nil and carrier.t ~= nil then
+      for m = drop + 1, #window do
+        local other = same_job(window[m], carrier.j)
+        if other then
+          if other.t == nil then
+            local raw = '{' .. job_fields(carrier) .. ',' .. string.sub(window[m], 2)
+            redis.call('LSET', trail, m - 1, raw)
+          end
+          break
+        end
+      end
+    end
+  end
+  redis.call('LTRIM', trail, -max_events, -1)
+end
+
+local function record_audit()
+  local n = #ARGV
+  local event = ARGV[n - 8]
+  if event == '' then return end
+  local trail, by_time, id = KEYS[#KEYS - 2], KEYS[#KEYS - 1], ARGV[n - 4]
+  local length = redis.call('RPUSH', trail, shortest(trail, event, ARGV[n - 7]))
+  local max_events = tonumber(ARGV[n - 1])
+  if max_events > 0 and length > max_events then
+    trim(trail, max_events, length)
+  end
+  redis.call('EXPIRE', trail, ARGV[n - 6])
+  redis.call('ZADD', by_time, 'GT', ARGV[n - 5], id)
+  local max_trails = tonumber(ARGV[n])
+  if max_trails > 0 then
+    for _ = 1, 2 do
+      if redis.call('ZCARD', by_time) <= max_trails then break end
+      local oldest = redis.call('ZPOPMIN', by_time)
+      if oldest[1] == id then
+        redis.call('ZADD', by_time, oldest[2], id)
+        break
+      end
+      redis.call('DEL', ARGV[n - 2] .. oldest[1])
+    end
+  end
+  local counts = cjson.decode(ARGV[n - 3])
+  for i = 1, #counts, 2 do
+    redis.call('HINCRBY', KEYS[#KEYS], counts[i], counts[i + 1])
+  end
+end
+"""
+
+#: KEYS: trail, by-time index, counters. ARGV: the audit args (see :data:`AUDIT`).
+_ADD_AUDIT = AUDIT + "record_audit()\nreturn 1\n"
+
+
+#: the fields an event shares with the other events of its job (see :data:`AUDIT`)
+JOB_FIELDS = ("t", "c", "k")
+
+
+def _compact(event: AuditEvent) -> tuple[str, str]:
+    """The JSON a trail keeps for ``event`` (the compact form, no spaces), and the same
+    without its job fields."""
+    data = event.to_compact()
+    short = {name: value for name, value in data.items() if name not in JOB_FIELDS}
+    return _json(data), _json(short)
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _events(found: list[str], correlation_id: str) -> list[AuditEvent]:
+    """A trail's events, each without its job fields given those of the nearest earlier
+    event of its job that carries them (list order is write order)."""
+    carried: dict[str, dict[str, Any]] = {}
+    events = []
+    for raw in found:
+        data = json.loads(raw)
+        job = data.get("j")
+        if job is not None and "t" in data:
+            carried[job] = {name: data[name] for name in JOB_FIELDS if name in data}
+        elif job is not None:
+            data = {**carried.get(job, {"t": ""}), **data}
+        events.append(AuditEvent.from_compact(data, correlation_id))
+    return events
 
 
 def _score(moment: datetime) -> str:
@@ -119,6 +265,9 @@ class RedisRecords:
     client: redis.Redis
     prefix: str
     audit_ttl: float
+    #: the caps of :data:`AUDIT` (0: none)
+    audit_max_trails: int
+    audit_max_events: int
 
     def _register_records(self) -> None:
         """Register this part's scripts (run by ``EVALSHA``)."""
@@ -128,6 +277,7 @@ class RedisRecords:
         self._purge_dead_letters = register(_PURGE_DEAD_LETTERS)
         self._list_dead_letters = register(_LIST_DEAD_LETTERS)
         self._purge_audit = register(_PURGE_AUDIT)
+        self._add_audit = register(_ADD_AUDIT)
 
     # -- dead letters -------------------------------------------------------------------
     def put_dead_letter(self, record: DeadLetter) -> None:
@@ -193,25 +343,28 @@ class RedisRecords:
 
     # -- audit trail --------------------------------------------------------------------
     def add_audit(self, event: AuditEvent) -> None:
-        """``RPUSH`` + ``EXPIRE`` + ``ZADD GT`` + ``HINCRBY`` (its counters) in one
-        ``MULTI``: one round trip."""
+        """The same script step as an event that rides with a ledger change (append,
+        expiry, index, caps, counters): one round trip."""
+        audit_keys, audit_args = self._audit_parts(event)
+        self._add_audit(keys=audit_keys, args=audit_args)
+
+    def _audit_parts(self, event: AuditEvent | None) -> tuple[list[str], list[Any]]:
+        """The trailing KEYS and ARGV of a script that records ``event`` (or nothing)."""
+        by_time, counted = keys.audit_by_time(self.prefix), keys.counts(self.prefix)
+        if event is None:
+            return [by_time, by_time, counted], ["", "", 1, 0, "", "[]", "", 0, 0]
         trail = keys.audit(event.correlation_id, self.prefix)
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.rpush(trail, json.dumps(event.to_dict()))
-            pipe.expire(trail, max(1, math.ceil(self.audit_ttl)))
-            pipe.zadd(
-                keys.audit_by_time(self.prefix),
-                {event.correlation_id: float(_score(event.at))},
-                gt=True,
-            )
-            for name, amount in counts.fields(event).items():
-                pipe.hincrby(keys.counts(self.prefix), name, amount)
-            pipe.execute()
+        ttl = max(1, math.ceil(self.audit_ttl))
+        moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
+        return [trail, by_time, counted], [
+            *_compact(event), ttl, _score(event.at), event.correlation_id, moved,
+            keys.audit("", self.prefix), self.audit_max_events, self.audit_max_trails,
+        ]  # fmt: skip
 
     def audit_for(self, correlation_id: str) -> list[AuditEvent]:
         """The trail in event time order (append order among equal times)."""
         found = self.client.lrange(keys.audit(correlation_id, self.prefix), 0, -1)
-        events = [AuditEvent.from_dict(json.loads(data)) for data in cast("list[str]", found)]
+        events = _events(cast("list[str]", found), correlation_id)
         return sorted(events, key=lambda event: event.at)
 
     def counters(self) -> dict[tuple[str, str], int]:

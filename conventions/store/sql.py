@@ -7,10 +7,13 @@ inserts and the others see its live lease; SQLite runs every write transaction a
 ``BEGIN IMMEDIATE`` (plus a busy timeout), so writers queue instead of failing.
 
 Times are timezone-aware UTC in Python; PostgreSQL keeps ``timestamptz`` and SQLite keeps
-naive UTC text (fixed width, so text order is time order). Expiry is compared with the
-clock of the process that writes, so workers need synchronised clocks (NTP), as with any
-lease. Expired rows stay until the next writer of the same key replaces them; they never
-answer as live.
+naive UTC text (fixed width, so text order is time order). Every expiry (leases, the ledger,
+reservations, delivery counters, state records) is written and compared with the
+database's clock (``now()``; SQLite's ``'now'``), so a worker whose clock is off cannot
+take a live lease or keep a dead one. Expired rows never answer as live; the next writer of
+the same key replaces them, and retention deletes the rest in bounded batches
+(:meth:`~conventions.store.sql_tables.SQLTables.purge_expired`), as Redis would expire
+them by TTL.
 
 The store is one class in parts: this module holds the dedup, ledger, dead-letter and audit
 statements, :mod:`conventions.store.sql_coordination` the leases, token buckets and state
@@ -20,7 +23,7 @@ records, and :mod:`conventions.store.sql_tables` the tables and the helpers ever
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,8 +37,8 @@ from conventions.records import (
     Claim,
     ClaimStatus,
     DeadLetter,
-    utcnow,
 )
+from conventions.store.base import KeyState
 from conventions.store.sql_coordination import SQLCoordination
 from conventions.store.sql_tables import (
     UTCDateTime,
@@ -117,9 +120,9 @@ class SQLStore(SQLCoordination):
     ) -> str | None:
         """Insert the reservation, or take over an expired one (recording ``audit`` in the
         same transaction); else answer the holder."""
-        now = utcnow()
+        now = self._now()
         t = self.dedup
-        expires = None if ttl is None else now + timedelta(seconds=ttl)
+        expires = None if ttl is None else self._later(ttl)
         taken = self._upsert(
             t,
             {"key": key, "job_id": job_id, "expires_at": expires},
@@ -137,6 +140,42 @@ class SQLStore(SQLCoordination):
         with self.engine.begin() as conn:
             conn.execute(sa.delete(t).where(t.c.key == key, t.c.job_id == job_id))
 
+    def key_state(self, key: str) -> KeyState:
+        with self.engine.begin() as conn:
+            return self._key_state(conn, key)
+
+    def clear_key(self, key: str, *, audit: AuditEvent | None = None) -> KeyState:
+        """Read, delete both rows and record ``audit`` in one transaction."""
+        with self.engine.begin() as conn:
+            found = self._key_state(conn, key)
+            conn.execute(sa.delete(self.dedup).where(self.dedup.c.key == key))
+            conn.execute(sa.delete(self.ledger).where(self.ledger.c.key == key))
+            self._record(conn, audit)
+        return found
+
+    def _key_state(self, conn: sa.Connection, key: str) -> KeyState:
+        """The live rows of ``key`` (an expired row is as good as gone: the next
+        reserve or claim takes it over)."""
+        now, d, t = self._now(), self.dedup, self.ledger
+        live = sa.or_(d.c.expires_at.is_(None), d.c.expires_at > now)
+        reserved = conn.execute(
+            sa.select(d.c.job_id, d.c.expires_at).where(d.c.key == key, live)
+        ).first()
+        entry = conn.execute(
+            sa.select(t.c.state, t.c.owner, t.c.outcome, t.c.lease_until).where(
+                t.c.key == key, t.c.lease_until >= now
+            )
+        ).first()
+        return KeyState(
+            key=key,
+            reserved_by=None if reserved is None else str(reserved.job_id),
+            reserved_until=None if reserved is None else reserved.expires_at,
+            ledger_state=None if entry is None else str(entry.state),
+            ledger_owner=None if entry is None else str(entry.owner),
+            ledger_outcome=None if entry is None else entry.outcome,
+            ledger_until=None if entry is None else entry.lease_until,
+        )
+
     # -- execution ledger ----------------------------------------------------------------
     def claim(
         self,
@@ -149,7 +188,7 @@ class SQLStore(SQLCoordination):
     ) -> Claim:
         """Take the row if free or expired (one upsert); then count the delivery and
         record ``audit``, in the same transaction."""
-        now = utcnow()
+        now = self._now()
         t, d = self.ledger, self.deliveries
         taken = self._upsert(
             t,
@@ -157,7 +196,7 @@ class SQLStore(SQLCoordination):
                 "key": key,
                 "state": "running",
                 "owner": owner,
-                "lease_until": now + timedelta(seconds=lease),
+                "lease_until": self._later(lease),
                 "outcome": None,
                 "updated_at": now,
             },
@@ -168,7 +207,7 @@ class SQLStore(SQLCoordination):
             {
                 "delivery_id": delivery_id,
                 "count": 1,
-                "expires_at": now + timedelta(seconds=self.delivery_ttl),
+                "expires_at": self._later(self.delivery_ttl),
             },
             where=None,
             overrides={"count": sa.case((d.c.expires_at < now, 1), else_=d.c.count + 1)},
@@ -187,14 +226,14 @@ class SQLStore(SQLCoordination):
         return Claim(ClaimStatus.HELD, holder=holder)
 
     def renew(self, key: str, owner: str, lease: float) -> bool:
-        now = utcnow()
+        now = self._now()
         t = self.ledger
         renewed = (
             sa.update(t)
             .where(
                 t.c.key == key, t.c.state == "running", t.c.owner == owner, t.c.lease_until > now
             )
-            .values(lease_until=now + timedelta(seconds=lease), updated_at=now)
+            .values(lease_until=self._later(lease), updated_at=now)
         )
         with self.engine.begin() as conn:
             return conn.execute(renewed).rowcount == 1
@@ -209,8 +248,10 @@ class SQLStore(SQLCoordination):
         *,
         audit: AuditEvent | None = None,
     ) -> None:
-        """Done if the lease is still ours or has expired (the result stands)."""
-        now = utcnow()
+        """Done if the lease is still ours or has expired (the result stands); ``audit``
+        is recorded either way, except on a replay (done already, by ``owner``: a retried
+        write whose first reply was lost), which changes nothing, as on Redis."""
+        now = self._now()
         t = self.ledger
         done = self._upsert(
             t,
@@ -218,16 +259,22 @@ class SQLStore(SQLCoordination):
                 "key": key,
                 "state": "done",
                 "owner": owner,
-                "lease_until": now + timedelta(seconds=keep),
+                "lease_until": self._later(keep),
                 "outcome": outcome,
                 "updated_at": now,
             },
             where=sa.or_(
                 sa.and_(t.c.state == "running", t.c.owner == owner), t.c.lease_until < now
             ),
-        )
+        ).returning(t.c.key)
         with self.engine.begin() as conn:
-            conn.execute(done)
+            if conn.execute(done).first() is None:
+                # left as it was: the row is locked (PostgreSQL) or we hold the write lock
+                entry = conn.execute(
+                    sa.select(t.c.state, t.c.owner).where(t.c.key == key)
+                ).one_or_none()
+                if entry is not None and tuple(entry) == ("done", owner):
+                    return
             self._drop_reservation(conn, key, reserved_by)
             self._record(conn, audit)
 
@@ -301,9 +348,9 @@ class SQLStore(SQLCoordination):
             return conn.execute(sa.delete(t).where(t.c.id == record_id)).rowcount == 1
 
     def purge_dead_letters(self, older_than: datetime) -> int:
+        """In bounded batches, like every purge of this store."""
         t = self.dead_letters
-        with self.engine.begin() as conn:
-            return conn.execute(sa.delete(t).where(t.c.last_failed_at < older_than)).rowcount
+        return self._delete_batches(t, t.c.last_failed_at < older_than)
 
     # -- audit trail ---------------------------------------------------------------------
     def add_audit(self, event: AuditEvent) -> None:
@@ -356,9 +403,9 @@ class SQLStore(SQLCoordination):
         """
         t = self.audit
         recent = sa.select(t.c.correlation_id).where(t.c.at >= older_than)
-        purge = sa.delete(t).where(t.c.at < older_than, t.c.correlation_id.not_in(recent))
-        with self.engine.begin() as conn:
-            return conn.execute(purge).rowcount
+        return self._delete_batches(
+            t, sa.and_(t.c.at < older_than, t.c.correlation_id.not_in(recent))
+        )
 
     def close(self) -> None:
         if self._owns_engine:

@@ -1,7 +1,8 @@
 """The coordination part of the SQL store: named leases, token buckets, state records.
 
 A lease is a row with its owner and expiry, taken by one upsert; a token bucket is a row
-locked while :func:`conventions.store.tokens.step` runs on the writer's clock.
+locked while :func:`conventions.store.tokens.step` runs. Both use the database's clock
+(read in the same statement), never the writer's.
 :class:`SQLCoordination` is a part of :class:`~conventions.store.sql.SQLStore`, not a
 store on its own.
 """
@@ -10,13 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from conventions.records import utcnow
 from conventions.store import tokens
 from conventions.store.sql_tables import SQLTables
 
@@ -28,11 +27,11 @@ class SQLCoordination(SQLTables):
     # -- leases ---------------------------------------------------------------------------
     def acquire(self, name: str, owner: str, ttl: float) -> str | None:
         """One upsert takes a free or expired lease or extends our own; else the holder."""
-        now = utcnow()
+        now = self._now()
         t = self.leases
         taken = self._upsert(
             t,
-            {"name": name, "owner": owner, "expires_at": now + timedelta(seconds=ttl)},
+            {"name": name, "owner": owner, "expires_at": self._later(ttl)},
             where=sa.or_(t.c.expires_at <= now, t.c.owner == owner),
         ).returning(t.c.name)
         with self.engine.begin() as conn:
@@ -42,12 +41,11 @@ class SQLCoordination(SQLTables):
         return str(holder)
 
     def renew_lease(self, name: str, owner: str, ttl: float) -> bool:
-        now = utcnow()
         t = self.leases
         renewed = (
             sa.update(t)
-            .where(t.c.name == name, t.c.owner == owner, t.c.expires_at > now)
-            .values(expires_at=now + timedelta(seconds=ttl))
+            .where(t.c.name == name, t.c.owner == owner, t.c.expires_at > self._now())
+            .values(expires_at=self._later(ttl))
         )
         with self.engine.begin() as conn:
             return conn.execute(renewed).rowcount == 1
@@ -55,7 +53,7 @@ class SQLCoordination(SQLTables):
     def release_lease(self, name: str, owner: str) -> bool:
         t = self.leases
         dropped = sa.delete(t).where(
-            t.c.name == name, t.c.owner == owner, t.c.expires_at > utcnow()
+            t.c.name == name, t.c.owner == owner, t.c.expires_at > self._now()
         )
         with self.engine.begin() as conn:
             return conn.execute(dropped).rowcount == 1
@@ -64,7 +62,7 @@ class SQLCoordination(SQLTables):
         t = self.leases
         with self._read() as conn:
             holder = conn.execute(
-                sa.select(t.c.owner).where(t.c.name == name, t.c.expires_at > utcnow())
+                sa.select(t.c.owner).where(t.c.name == name, t.c.expires_at > self._now())
             ).scalar()
         return None if holder is None else str(holder)
 
@@ -80,10 +78,9 @@ class SQLCoordination(SQLTables):
         self, name: str, interval: float, burst: int, max_wait: float, booked: bool
     ) -> float:
         """The bucket row is locked (``FOR UPDATE``; SQLite's writers queue anyway) while
-        :func:`tokens.step` runs on the writer's clock."""
+        :func:`tokens.step` runs on the database's clock, read with the row."""
         with self.engine.begin() as conn:
-            bucket = self._lock_bucket(conn, name)
-            now = utcnow().timestamp()
+            bucket, now = self._lock_bucket(conn, name)
             after, wait = tokens.step(
                 bucket, now, interval, burst, max_wait=max_wait, booked=booked
             )
@@ -93,20 +90,23 @@ class SQLCoordination(SQLTables):
 
     def pause_tokens(self, name: str, seconds: float) -> None:
         with self.engine.begin() as conn:
-            bucket = self._lock_bucket(conn, name)
-            until = utcnow().timestamp() + seconds
+            bucket, now = self._lock_bucket(conn, name)
+            until = now + seconds
             self._save_bucket(conn, name, tokens.pause(bucket, until))
 
-    def _lock_bucket(self, conn: sa.Connection, name: str) -> tokens.Bucket:
+    def _lock_bucket(self, conn: sa.Connection, name: str) -> tuple[tokens.Bucket, float]:
+        """The bucket, locked, and the database's clock (POSIX seconds)."""
         t = self.buckets
         insert = (postgresql.insert if self._postgres else sqlite.insert)(t)
         conn.execute(
             insert.values(name=name, tat=0.0, use=0.0, paused=0.0).on_conflict_do_nothing()
         )
         row = conn.execute(
-            sa.select(t.c.tat, t.c.use, t.c.paused).where(t.c.name == name).with_for_update()
+            sa.select(t.c.tat, t.c.use, t.c.paused, self._epoch().label("now"))
+            .where(t.c.name == name)
+            .with_for_update()
         ).one()
-        return tokens.Bucket(float(row.tat), float(row.use), float(row.paused))
+        return tokens.Bucket(float(row.tat), float(row.use), float(row.paused)), float(row.now)
 
     def _save_bucket(self, conn: sa.Connection, name: str, bucket: tokens.Bucket) -> None:
         t = self.buckets
@@ -118,7 +118,7 @@ class SQLCoordination(SQLTables):
 
     # -- small state records ------------------------------------------------------------
     def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:
-        expires = None if ttl is None else utcnow() + timedelta(seconds=ttl)
+        expires = None if ttl is None else self._later(ttl)
         data = json.dumps(dict(value), separators=(",", ":"), default=str)
         row = {"name": name, "data": data, "expires_at": expires}
         with self.engine.begin() as conn:
@@ -126,7 +126,7 @@ class SQLCoordination(SQLTables):
 
     def get_state(self, name: str) -> dict[str, Any] | None:
         t = self.states
-        alive = sa.or_(t.c.expires_at.is_(None), t.c.expires_at > utcnow())
+        alive = sa.or_(t.c.expires_at.is_(None), t.c.expires_at > self._now())
         with self._read() as conn:
             data = conn.execute(sa.select(t.c.data).where(t.c.name == name, alive)).scalar()
         return None if data is None else cast(dict[str, Any], json.loads(data))

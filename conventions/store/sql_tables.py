@@ -1,5 +1,6 @@
-"""The SQL store's schema: its column type, its tables, and the two statement helpers
-every part of :class:`~conventions.store.sql.SQLStore` uses.
+"""The SQL store's schema: its column type, its tables, the statement helpers every part
+of :class:`~conventions.store.sql.SQLStore` uses (an upsert, the database's clock), and
+the retention of the rows past their own expiry.
 
 Table and index names carry the store's prefix (``cc_`` by default). The layer's other
 tables (the outbox's, the relay's) use :class:`UTCDateTime` too, and import it from
@@ -9,12 +10,15 @@ tables (the outbox's, the relay's) use :class:`UTCDateTime` too, and import it f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
+
+#: rows one purge statement deletes at most (bounds each transaction and its locks)
+EXPIRED_BATCH = 1000
 
 
 class UTCDateTime(sa.TypeDecorator[datetime]):
@@ -69,6 +73,69 @@ class SQLTables:
         return insert.on_conflict_do_update(
             index_elements=[key], set_={**update, **(overrides or {})}, where=where
         )
+
+    def _now(self) -> sa.ColumnElement[datetime]:
+        """The database's clock, in the form the time columns keep: every expiry is
+        written and judged by it, so writers need no synchronised clocks."""
+        return self._later(0.0)
+
+    def _later(self, seconds: float) -> sa.ColumnElement[datetime]:
+        """The database's clock plus ``seconds``.
+
+        PostgreSQL: ``now()`` (the transaction's start) plus an interval. SQLite keeps naive
+        UTC text with six fraction digits; its clock gives milliseconds (``%f``), padded to
+        the same width so that text order stays time order.
+        """
+        if self._postgres:
+            moment: sa.ColumnElement[Any] = sa.func.now()
+            if seconds:
+                moment = moment + sa.literal(timedelta(seconds=seconds), sa.Interval())
+        else:
+            moment = sa.func.strftime(
+                "%Y-%m-%d %H:%M:%f", "now", f"{seconds:+.6f} seconds", type_=sa.String
+            ).concat("000")
+        return sa.type_coerce(moment, UTCDateTime)
+
+    def _epoch(self) -> sa.ColumnElement[float]:
+        """The database's clock in POSIX seconds (the token buckets' unit); on PostgreSQL
+        the time of the statement, after any wait for the bucket's lock."""
+        if self._postgres:
+            return sa.cast(sa.extract("epoch", sa.func.clock_timestamp()), sa.Float(precision=53))
+        return (sa.func.julianday("now", type_=sa.Float(precision=53)) - 2440587.5) * 86400.0
+
+    def purge_expired(self) -> dict[str, int]:
+        """Delete the rows past their own expiry, judged by the database's clock, in
+        batches of :data:`EXPIRED_BATCH` (one short transaction each); return how many per
+        table: ``ledger`` (ended leases, done keys past ``keep``), ``deliveries``,
+        ``dedup`` (reservations with a ttl), ``leases`` and ``states``.
+
+        The same rows the Redis store lets expire by TTL, and with the same lifetimes, so
+        deleting them changes no answer: every statement already reads them as absent.
+        """
+        now = self._now()
+        expired = {
+            "ledger": (self.ledger, self.ledger.c.lease_until < now),
+            "deliveries": (self.deliveries, self.deliveries.c.expires_at < now),
+            "dedup": (self.dedup, self.dedup.c.expires_at <= now),
+            "leases": (self.leases, self.leases.c.expires_at <= now),
+            "states": (self.states, self.states.c.expires_at <= now),
+        }
+        return {name: self._delete_batches(*where) for name, where in expired.items()}
+
+    def _delete_batches(self, table: sa.Table, expired: sa.ColumnElement[bool]) -> int:
+        """``DELETE ... WHERE key IN (SELECT key ... LIMIT batch)`` until a batch is short;
+        PostgreSQL skips the rows a writer has locked (a claim taking one over)."""
+        (key,) = table.primary_key.columns
+        removed = 0
+        while True:
+            batch = sa.select(key).where(expired).limit(EXPIRED_BATCH)
+            if self._postgres:
+                batch = batch.with_for_update(skip_locked=True)
+            with self.engine.begin() as conn:
+                count = conn.execute(sa.delete(table).where(key.in_(batch))).rowcount
+            removed += count
+            if count < EXPIRED_BATCH:
+                return removed
 
     def _read(self) -> sa.Connection:
         """A connection for reads (a plain ``BEGIN`` on SQLite: readers do not queue)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
 import threading
 import time
 import urllib.error
@@ -121,3 +124,145 @@ class Monitor:
     def scripted(self, about: str) -> list[str]:
         return [line["command"].split()[0].upper() for line in self.lines
                 if line.get("client_type") == "lua" and about in line["command"]]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SpareRedis:
+    """A Redis server of the test's own on a spare port, to stop and start again (a
+    store or broker that is really down, never a mock)."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+class CutProxy:
+    """A TCP proxy in front of a real server (Redis, PostgreSQL) that a test can cut.
+
+    While cut, every connection it carried is closed and each new one is accepted and
+    closed at once (a server gone away, its port still taken); ``refused`` counts those,
+    so a test can wait until a client really tried. ``cut_after(marker)`` cuts right
+    after the reply to the first request whose bytes contain ``marker``: the next call
+    of that client finds the server gone, whichever call it is.
+    """
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = int(self._listener.getsockname()[1])
+        self.refused = 0
+        self._cut = threading.Event()
+        self._closed = threading.Event()
+        self._marker: bytes | None = None
+        self._lock = threading.Lock()
+        self._pairs: set[tuple[socket.socket, socket.socket]] = set()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def is_cut(self) -> bool:
+        return self._cut.is_set()
+
+    def url(self, scheme: str, path: str = "") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
+
+    def cut(self) -> None:
+        """Close every carried connection and refuse new ones until :meth:`restore`."""
+        self._cut.set()
+        with self._lock:
+            pairs, self._pairs = list(self._pairs), set()
+        for pair in pairs:
+            for sock in pair:
+                _close(sock)
+
+    def cut_after(self, marker: bytes) -> None:
+        self._marker = marker
+
+    def restore(self) -> None:
+        self._marker = None
+        self._cut.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.cut()
+        self._thread.join(5)
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self._cut.is_set():
+                self.refused += 1
+                _close(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            pair = (client, upstream)
+            with self._lock:
+                self._pairs.add(pair)
+            armed = threading.Event()
+            for source, sink, up in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(source, sink, up, armed), daemon=True
+                ).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, up: bool, armed: Any) -> None:
+        try:
+            while chunk := source.recv(65536):
+                marker = self._marker
+                if up and marker is not None and marker in chunk:
+                    self._marker = None
+                    armed.set()
+                sink.sendall(chunk)
+                if not up and armed.is_set():
+                    self.cut()
+                    return
+        except OSError:
+            pass
+        _close(source)
+        _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

@@ -215,6 +215,40 @@ def test_fifty_concurrent_reservations_give_exactly_one(store: Store) -> None:
     assert {holder for holder in answers if holder is not None} == set(winners)
 
 
+# -- one key, for operators ------------------------------------------------------------------
+def test_key_state_shows_the_reservation_and_the_ledger_entry(store: Store) -> None:
+    assert store.key_state("order:9").empty
+    store.reserve("order:9", "job-a", LONG)
+    store.claim("order:9", "run-a", LONG, "job-a")
+    state = store.key_state("order:9")
+    assert (state.reserved_by, state.ledger_state, state.ledger_owner) == ("job-a", "running",
+                                                                          "run-a")  # fmt: skip
+    assert state.reserved_until is not None and state.ledger_until is not None
+    assert state.reserved_until > datetime.now(UTC) + timedelta(seconds=LONG / 2)
+    store.complete("order:9", "run-a", "sent", LONG, "job-a")
+    done = store.key_state("order:9")
+    assert (done.reserved_by, done.ledger_state, done.ledger_outcome) == (None, "done", "sent")
+
+
+def test_key_state_forgets_what_expired(store: Store) -> None:
+    store.reserve("order:9", "job-a", LEASE)
+    store.claim("order:9", "run-a", LEASE, "job-a")
+    time.sleep(PAST_LEASE)
+    assert store.key_state("order:9").empty
+
+
+def test_clear_key_drops_both_whoever_holds_them_and_records_its_event(store: Store) -> None:
+    store.reserve("order:9", "job-a", None)
+    store.claim("order:9", "run-a", LONG, "job-a")
+    cleared = store.clear_key("order:9", audit=audit_event("corr-k", "key_cleared", 0))
+    assert (cleared.reserved_by, cleared.ledger_owner) == ("job-a", "run-a")
+    assert store.key_state("order:9").empty
+    assert store.reserve("order:9", "job-b", LONG) is None
+    assert store.claim("order:9", "run-b", LONG, "job-b").status is ClaimStatus.CLAIMED
+    assert [e.event for e in store.audit_for("corr-k")] == ["key_cleared"]
+    assert store.clear_key("order:unknown").empty
+
+
 # -- execution ledger ------------------------------------------------------------------------
 def test_a_free_key_is_claimed_and_counts_the_first_delivery(store: Store) -> None:
     assert store.claim("charge:1", "exec-a", LONG, "delivery-1") == Claim(
@@ -462,6 +496,16 @@ def test_complete_records_its_audit_event_in_the_same_step(store: Store) -> None
     store.complete("k-done-aud", "a", "ok", 60, None, audit=audit_event("corr-d", "succeeded", 0))
     assert [e.event for e in store.audit_for("corr-d")] == ["succeeded"]
     assert store.claim("k-done-aud", "b", 30, "d-2").status is ClaimStatus.DONE
+
+
+def test_a_repeated_complete_by_the_same_owner_records_its_audit_event_once(
+    store: Store,
+) -> None:
+    store.claim("k-twice", "a", 30, "d-1")
+    for _ in range(2):  # a retried write whose first reply was lost
+        store.complete("k-twice", "a", "ok", 60, None, audit=audit_event("corr-t", "succeeded", 0))
+    assert [e.event for e in store.audit_for("corr-t")] == ["succeeded"]
+    assert store.counters()[("succeeded", "billing.charge.v1")] == 1
 
 
 def test_purge_audit_drops_old_trails_and_keeps_recent_ones(

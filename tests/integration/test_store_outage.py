@@ -8,58 +8,19 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 
 from conventions.records import Category
 from conventions.store import RedisStore
 from tasks import app
 from tests.fixtures import unavailable
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import SpareRedis, wait_for
 from tests.integration.test_worker_contract import _foreign_publish
 
 pytestmark = pytest.mark.usefixtures("services", "thread_worker")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class SpareRedis:
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
 
 
 @pytest.fixture

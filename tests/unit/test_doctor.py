@@ -201,3 +201,29 @@ def test_a_redis_older_than_7_is_an_error_naming_what_needs_7() -> None:
     assert "BLMOVE" in found.message and "SET NX GET" in found.message
     assert list(version_findings("redis host:6379", "7.0.15")) == []
     assert list(version_findings("redis host:6379", "")) == []
+
+
+GB = 10**9
+
+
+def _audit(memory: int, **conf: Any) -> list[tuple[str, str]]:
+    from conventions.doctor import audit_findings
+
+    app = _app(**{"conventions_store_url": "redis://localhost:6379/1", **conf})
+    return [(f.level, f.code) for f in audit_findings("redis localhost:6379", app.conf, memory)]
+
+
+def test_an_audit_trail_that_may_take_over_a_quarter_of_the_brokers_memory_is_a_warning() -> None:
+    # the default cap: 1,000,000 trails of about 900 bytes
+    assert _audit(2 * GB) == [(WARNING, "audit-fills-broker")]
+    assert _audit(8 * GB) == []
+    assert _audit(2 * GB, conventions_audit_max_trails=100_000) == []
+
+
+def test_an_uncapped_audit_trail_on_the_brokers_server_is_a_warning_whatever_the_memory() -> None:
+    assert _audit(1000 * GB, conventions_audit_max_trails=0) == [(WARNING, "audit-fills-broker")]
+
+
+def test_an_audit_trail_on_a_server_of_its_own_or_in_sql_is_not_the_brokers_concern() -> None:
+    assert _audit(2 * GB, conventions_store_url="redis://store.internal:6379/0") == []
+    assert _audit(2 * GB, conventions_store_url="postgresql://db/app") == []
