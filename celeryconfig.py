@@ -19,6 +19,7 @@ listed with its reason in ``docs/reference/settings.md``):
 * ``CONVENTIONS_VISIBILITY_TIMEOUT``: overrides the Redis visibility timeout (seconds; tests
   shorten it to prove that a redelivered long job does not run twice).
 * ``CONVENTIONS_SHUTDOWN_GRACE``: seconds running jobs get after SIGTERM (per worker lane);
+* ``CONVENTIONS_METRICS_ADDR``: where the metrics exporter listens (default ``127.0.0.1``);
 * ``CONVENTIONS_DOCTOR_LEVELS``: ``code=level,...`` lowers (or raises) a doctor check;
 * ``REPORTS_CHUNK_ROWS``, ``REPORTS_CHUNK_PAUSE``: the daily report's chunk size and the
   pause between chunks (seconds) that keeps it gentle on the shop database.
@@ -141,6 +142,9 @@ conventions_log_format = _env.get("CONVENTIONS_LOG_FORMAT", "text")
 #: how long a job may wait in each queue before QueueOldestJobOverSLO fires (seconds)
 conventions_queue_slo_seconds = {"email": 120.0, "heavy": 1800.0}
 conventions_shutdown_grace_seconds = float(_env.get("CONVENTIONS_SHUTDOWN_GRACE", "60"))
+#: where ``conventions metrics serve`` listens without ``--addr``: this machine only, since
+#: ``/metrics`` has no auth (docker/compose.yaml passes ``--addr 0.0.0.0`` in its network)
+conventions_metrics_addr = _env.get("CONVENTIONS_METRICS_ADDR") or "127.0.0.1"
 conventions_doctor_levels = dict(
     item.split("=", 1) for item in _env.get("CONVENTIONS_DOCTOR_LEVELS", "").split(",") if item
 )

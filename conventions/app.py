@@ -31,8 +31,8 @@ from conventions import job as joblib
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, Decision, DecisionTable
 from conventions.errors import ConfigurationError
+from conventions.exits import READY
 from conventions.payloads import Payload
-from conventions.runner import READY
 from conventions.store import Store, open_store
 from conventions.task import ConventionTask, KeyTemplate, template_fields
 
@@ -94,6 +94,30 @@ def check_exclusive(name: str, payload: type[Payload], exclusive: str | None) ->
         )
 
 
+def refuse_unknown_version(name: str, registered: Mapping[str, Any]) -> None:
+    """Refuse ``domain.action.vN`` when this app registers ``domain.action`` at other
+    versions only: a typo or a version skew, which a worker would dead-letter later.
+
+    Nothing is published. A family this app does not register at all is left alone:
+    ``send_task`` is also how an app publishes to tasks that only another app registers.
+    """
+    if not NAME.match(name):
+        return
+    family = name.rpartition(".")[0]
+    versions = sorted(
+        (other for other, task in registered.items()
+         if isinstance(task, ConventionTask) and other.rpartition(".")[0] == family),
+        key=lambda other: int(other.rpartition(".v")[2]),
+    )  # fmt: skip
+    if versions:
+        known = ", ".join(other.rpartition(".")[2] for other in versions)
+        raise ConfigurationError(
+            f"{name} is not registered in this app, which registers {family} as {known}: "
+            "nothing was published. Publish a registered version, or register this one "
+            "in this app first (docs/howto/ship-a-v2.md)"
+        )
+
+
 class App(Celery):  # type: ignore[misc]
     """A Celery app with the layer's conventions."""
 
@@ -102,6 +126,10 @@ class App(Celery):  # type: ignore[misc]
         this app needs (each once per process, whatever the number of apps)."""
         super().on_init()
         reservations.connect()  # a revoked or expired job gives its key back
+        # what Celery shows of the settings (celery report, inspect conf) masks every
+        # URL's password, the layer's settings included; the values are untouched (the
+        # settings view stores attributes as settings: hence object.__setattr__)
+        object.__setattr__(self._conf, "__class__", settings.MaskedSettings)
 
     def job(
         self,
@@ -120,12 +148,17 @@ class App(Celery):  # type: ignore[misc]
         exclusive: str | None = None,
         uses: tuple[str, ...] = (),
         overflow: str = "raise",
+        key_override: bool = False,
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``.
 
         ``exclusive="customer:{customer_id}"``: at most one job per lock runs at a time
         across workers (``conventions.locks``); a delivery that finds it taken is deferred.
+
+        ``key_override=True``: a call may give the key (``idempotency_key=``) and the
+        worker takes the one the message carries; off (the default), the key is always
+        the one ``key`` derives from the payload (docs/howto/idempotency.md).
         """
         check_definition(self, name, payload, key, workload, time_limit=time_limit)
         check_exclusive(name, payload, exclusive)
@@ -160,6 +193,7 @@ class App(Celery):  # type: ignore[misc]
             "exclusive": exclusive,
             "uses": tuple(uses),
             "overflow": overflow,
+            "key_override": bool(key_override),
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:
@@ -194,6 +228,7 @@ class App(Celery):  # type: ignore[misc]
                 "backoff": into.backoff,
                 "decisions": into.decisions,
                 "exclusive": into.exclusive,
+                "key_override": into.key_override,
                 "upcast": staticmethod(convert),
                 "upcast_into": into,
             }
@@ -212,7 +247,10 @@ class App(Celery):  # type: ignore[misc]
 
     @property
     def store(self) -> Store:
-        """The layer's store (opened lazily, once per process)."""
+        """The layer's store (opened lazily, once per process). Opening it connects to
+        nothing (the SQL store creates its tables at first use): a store that does not
+        answer fails that first call, which the run path turns into a defer, rather than
+        this property, read where Celery would mark the job FAILURE."""
         current = self.__dict__.get("_cc_store")
         if current is None:
             url = self.conventions_settings.store_url
@@ -230,13 +268,21 @@ class App(Celery):  # type: ignore[misc]
         self.__dict__.pop("_cc_store", None)
 
     def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        """Publish by name; a registered convention task validates like ``.delay()``."""
+        """Publish by name; a registered convention task validates like ``.delay()``.
+
+        A name this app does not register is published as Celery would (a task of
+        another app, run by workers elsewhere), unless it is another version of a task
+        this app registers: that is refused (:func:`refuse_unknown_version`).
+        """
         if options.pop(READY, False):
             return super().send_task(name, args, kwargs, **options)
-        task = self.tasks.get(name) if self.finalized else self._tasks.get(name)
+        registered = self.tasks if self.finalized else self._tasks
+        task = registered.get(name)
         if isinstance(task, ConventionTask):
             options.pop("task_type", None)
             return task.apply_async(args, kwargs, **options)
+        if task is None:
+            refuse_unknown_version(name, registered)
         return super().send_task(name, args, kwargs, **options)
 
 

@@ -29,9 +29,14 @@ most ``fetch_wait`` seconds (default 0.1) before looking at all again: a message
 another list of an idle worker waits that long at most. ``celeryconfig.py`` sets
 ``priority_steps`` to ``[0]``, one list per queue, so a one-queue lane blocks for free.
 
-An entry that is not a kombu message at all (junk pushed by a foreign producer) would
-make kombu raise and stop the worker; here it is wrapped in a message that the layer's
-consumer dead-letters as ``unparseable``, with the raw entry kept.
+An entry that is not a well-formed kombu message (junk pushed by a foreign producer, or
+an envelope with a field of the wrong type) would make kombu raise and stop the worker;
+here it is wrapped in a message that the layer's consumer dead-letters as
+``unparseable``, with the head of the raw entry kept (:mod:`conventions.envelope`).
+
+A no-ack consumer (``celery inspect``'s replies, ``conventions doctor``, the metrics
+exporter) takes its message out of the inbox without a record in the unacked set:
+nothing would ever ack it, and it would come back every visibility timeout.
 
 Select it with ``broker_transport = "conventions.broker:Transport"`` (``celeryconfig.py``
 does for ``redis://`` and ``rediss://`` URLs). Redis 6.2 or newer (``BLMOVE``).
@@ -39,7 +44,6 @@ does for ``redis://`` and ``rediss://`` URLs). Redis 6.2 or newer (``BLMOVE``).
 
 from __future__ import annotations
 
-import base64
 import logging
 import math
 import uuid
@@ -54,10 +58,12 @@ from typing import Any
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import dumps, loads
+from kombu.utils.json import dumps
 from redis.exceptions import ResponseError
 
+from conventions import envelope
 from conventions.broker_checks import check_kombu, check_timing
+from conventions.envelope import UNPARSEABLE
 from conventions.errors import ConfigurationError
 
 logger = logging.getLogger("conventions.broker")
@@ -70,8 +76,6 @@ INBOXES = "_cc.inboxes"
 DEAD_SINCE = "_cc.inboxes.dead"
 INBOX = "_cc.inbox.{consumer}:{source}"
 ALIVE = "_cc.alive.{consumer}"
-#: the content type of a wrapped entry that was not a kombu message
-UNPARSEABLE = "application/x-conventions-unparseable"
 #: seconds a consumer reading several lists blocks on one of them
 DEFAULT_FETCH_WAIT = 0.1
 #: seconds without a sign of life after which a consumer's inbox is given back
@@ -86,11 +90,14 @@ for i = 1, n do
 end
 return false
 """
-#: KEYS: inbox, unacked index, unacked; ARGV: entry, tag, now, record -> 1 claimed, 0 gone
+#: KEYS: inbox, unacked index, unacked; ARGV: entry, tag, now, record, "1" to record it
+#: as unacked ("0": a no-ack consumer's, nothing will ack it) -> 1 claimed, 0 gone
 CLAIM = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+if ARGV[5] == '1' then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+  redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+end
 return 1
 """
 #: KEYS: inbox, source, alive, registry, dead-since; ARGV: grace s -> entries given back,
@@ -157,21 +164,6 @@ def in_inboxes(client: Any) -> int:
     return sum(pipe.execute())
 
 
-def wrap_unparseable(entry: bytes, queue: str) -> dict[str, Any]:
-    """A kombu message that carries an entry which was not one, for the dead letters."""
-    return {
-        "body": base64.b64encode(entry).decode("ascii"),
-        "content-encoding": "binary",
-        "content-type": UNPARSEABLE,
-        "headers": {},
-        "properties": {
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-            "delivery_info": {"exchange": "", "routing_key": queue},
-        },
-    }
-
-
 class QoS(kredis.QoS):  # type: ignore[misc]
     """kombu's ack emulation; claimed messages are already in the unacked set, and the
     periodic restore also gives dead consumers' inboxes back."""
@@ -208,6 +200,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self._turn = 0
         self._sent: tuple[str, list[str]] = ("", [])
         self._sync_client: Any = None
+        #: the queues a no-ack consumer reads, by consumer tag
+        self._no_ack: dict[str, str] = {}
         super().__init__(*args, **kwargs)
         check_kombu(self)
         check_timing(self.inbox_timeout, self.brpop_timeout, self.fetch_wait)
@@ -254,6 +248,19 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         hook.ran = True
 
     # -- fetching ---------------------------------------------------------------------
+
+    def basic_consume(
+        self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
+    ) -> Any:
+        """kombu's, remembering the queues read with ``no_ack``: their messages are not
+        recorded as unacked when claimed (kombu only skips its own ``qos.append``)."""
+        if no_ack:
+            self._no_ack[consumer_tag] = queue
+        return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        self._no_ack.pop(consumer_tag, None)
+        return super().basic_cancel(consumer_tag)
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         # never longer than the block that check_timing weighed inbox_timeout against
@@ -338,22 +345,24 @@ class Channel(kredis.Channel):  # type: ignore[misc]
     def _claim_and_deliver(self, inbox: str, entry: bytes, queue: str) -> bool:
         """Move the entry from the inbox into the unacked set, then hand it to kombu;
         False when a restore gave it back to its queue first (it is delivered there)."""
-        try:
-            payload = loads(bytes_to_str(entry))
-            properties = payload["properties"]
-            tag, info = properties["delivery_tag"], properties["delivery_info"]
-            exchange, routing_key = info["exchange"], info["routing_key"]
-        except Exception:  # not a kombu message: wrap it for the dead letters
-            logger.warning("queue %s held an entry that is not a kombu message", queue)
-            payload = wrap_unparseable(entry, queue)
-            tag, exchange, routing_key = payload["properties"]["delivery_tag"], "", queue
-        record = dumps([payload, exchange, routing_key])
+        payload, tag, exchange, routing_key = envelope.read(
+            entry, queue, self.codecs, self.decode_body
+        )
+        if payload.get("content-type") == UNPARSEABLE:
+            facts = payload["properties"].get(envelope.WRAPPED) or {}
+            logger.warning(
+                "queue %s held an entry kombu cannot take: %s", queue, facts.get("reason")
+            )
+        acked = queue not in self._no_ack.values()
+        record = dumps([payload, exchange, routing_key]) if acked else ""
         keys = [inbox, self.unacked_index_key, self.unacked_key]
+        args = [entry, tag, time(), record, "1" if acked else "0"]
         with self.conn_or_acquire() as client:
-            if not self._claim(keys=keys, args=[entry, tag, time(), record], client=client):
+            if not self._claim(keys=keys, args=args, client=client):
                 logger.info("a message fetched from %s was given back before its claim", queue)
                 return False
-        self.claimed[tag] = True
+        if acked:
+            self.claimed[tag] = True
         self.connection._deliver(payload, queue)
         return True
 

@@ -31,6 +31,7 @@ KOMBU_MEMBERS: dict[str, tuple[str, ...]] = {
         "_get_message_priority", "_flush_brpop_reauth", "_in_poll", "_brpop_sent_at",
         "conn_or_acquire", "from_transport_options", "unacked_key", "unacked_index_key",
         "priority_steps", "sep", "client", "pool", "active_queues", "close",
+        "basic_consume", "basic_cancel", "codecs", "decode_body",
     ),
     "redis.QoS": ("append", "restore_visible"),
     "virtual.QoS": ("append",),

@@ -1,6 +1,6 @@
 """The observability commands of ``conventions``: ``metrics serve`` and ``queues``.
 
-    conventions metrics serve [--port 9808] [--addr 0.0.0.0] [--consumers-every 15]
+    conventions metrics serve [--port 9808] [--addr 127.0.0.1] [--consumers-every 15]
                               [--outbox-lag MODULE:FUNC]
     conventions queues [--json] [--watch] [--interval 2] [--count N]
 
@@ -28,7 +28,11 @@ def add_commands(commands: Any) -> None:
     actions = parser.add_subparsers(dest="metrics_command", required=True, metavar="ACTION")
     serve = actions.add_parser("serve", help="serve /metrics for Prometheus")
     serve.add_argument("--port", type=int, default=metrics.DEFAULT_PORT)
-    serve.add_argument("--addr", default="0.0.0.0", help="address to listen on")
+    serve.add_argument(
+        "--addr",
+        help="address to listen on (default: conventions_metrics_addr, else 127.0.0.1; "
+        "/metrics has no auth, so 0.0.0.0 only behind a network you trust)",
+    )
     serve.add_argument(
         "--consumers-every",
         type=float,
@@ -55,8 +59,9 @@ def metrics_command(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO
         if args.outbox_lag
         else metrics.default_outbox_lag(app)
     )
-    print(f"serving metrics on http://{args.addr}:{args.port}/metrics", file=err, flush=True)
-    metrics.serve(app, args.port, args.addr, consumers_every=args.consumers_every, outbox_lag=lag)
+    addr = metrics.bind_address(app, args.addr)
+    print(f"serving metrics on http://{addr}:{args.port}/metrics", file=err, flush=True)
+    metrics.serve(app, args.port, addr, consumers_every=args.consumers_every, outbox_lag=lag)
     return 0
 
 

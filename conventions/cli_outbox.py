@@ -30,7 +30,7 @@ from typing import Any, TextIO
 import sqlalchemy as sa
 
 from conventions import cli_format as fmt
-from conventions import logs, outbox
+from conventions import logs, outbox, settings
 from conventions import relay as relaylib
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -130,7 +130,9 @@ def engine_for(app: App, url: str | None) -> sa.Engine:
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
     if backend != "sql":
-        raise ConfigurationError(f"the outbox lives in a SQL database, not {url!r}")
+        raise ConfigurationError(
+            f"the outbox lives in a SQL database, not {settings.mask_url(str(url))!r}"
+        )
     return make_engine(resolved)
 
 

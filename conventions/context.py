@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
+
+_logger = logging.getLogger("conventions.context")
 
 PREFIX = "cc_"
 #: the story this job belongs to: one per web request, beat occurrence or foreign message
@@ -146,21 +149,143 @@ def now_iso() -> str:
 def from_request(request: Any, *, assign: bool = False) -> Trace:
     """The context of a running job, read from its ``task.request`` attributes.
 
-    A message from a foreign producer has none of our headers: it gets a fresh
-    correlation id at receipt (``assign`` keeps it on the request, so every later read
-    of this delivery finds the same one).
+    A message from a foreign producer has none of our headers (or junk in them: each is
+    read by ``read_header``): it gets a fresh correlation id at receipt (``assign`` keeps
+    it on the request, so every later read of this delivery finds the same one).
     """
-    correlation = getattr(request, CORRELATION, None)
+    correlation = read_header(CORRELATION, getattr(request, CORRELATION, None), warn=False)
     if not correlation:
         correlation = new_id()
         if assign:
             setattr(request, CORRELATION, correlation)
     return Trace(
         correlation_id=correlation,
-        request_id=getattr(request, REQUEST, None),
-        causation_id=getattr(request, CAUSATION, None),
-        actor_id=getattr(request, ACTOR, None),
+        request_id=read_header(REQUEST, getattr(request, REQUEST, None), warn=False),
+        causation_id=read_header(CAUSATION, getattr(request, CAUSATION, None), warn=False),
+        actor_id=read_header(ACTOR, getattr(request, ACTOR, None), warn=False),
     )
+
+
+# -- reading our headers from a message: untrusted input ----------------------------------
+# Any producer can set any header to anything (a list, a 1 MB string, a date that is not
+# one). Each header of ours is read by one typed reader: a value of the wrong type or
+# format is left out, with a warning, and never reaches the run path, the audit trail or
+# a dead-letter record's fields (the record keeps it raw, scrubbed and capped: ``deadletter``).
+
+#: the longest id-like header kept (correlation, causation, actor, replay, schedule)
+MAX_ID = 256
+#: the longest idempotency key header kept
+MAX_KEY = 1024
+#: the longest time header kept (ISO 8601 needs about 32)
+MAX_TIME = 64
+#: the most ``cc_resumed`` can count
+MAX_RESUMED = 1_000_000
+#: the overlap policies a schedule entry can name
+OVERLAP_POLICIES = ("skip", "replace", "allow")
+
+
+class BadHeader(ValueError):
+    """A header of ours whose value is of the wrong type or format."""
+
+
+def _text(value: Any, limit: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise BadHeader(f"a {type(value).__qualname__}, not a string")
+    text = str(value)
+    if not text or len(text) > limit:
+        raise BadHeader(f"{len(text)} characters, not 1 to {limit}")
+    return text
+
+
+def parse_time(value: Any) -> datetime:
+    """An ISO 8601 time header as an aware datetime (a naive one is read as UTC)."""
+    text = _text(value, MAX_TIME)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadHeader("not an ISO 8601 time") from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def _time(value: Any) -> str:
+    parse_time(value)
+    return str(value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 8:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RESUMED:
+        raise BadHeader(f"not a count from 0 to {MAX_RESUMED}")
+    return value
+
+
+def _flag(value: Any) -> str:
+    if value in (True, 1, "1", "true", "True"):
+        return "1"
+    if value in (False, 0, "", "0", "false", "False", None):
+        return ""
+    raise BadHeader("not a flag")
+
+
+def _overlap(value: Any) -> str:
+    if value not in OVERLAP_POLICIES:
+        raise BadHeader(f"not one of {', '.join(OVERLAP_POLICIES)}")
+    return str(value)
+
+
+def _limits(value: Any) -> dict[str, Any]:
+    """The limiter's state: ``{"booked": [names], "waits": count}``, both optional."""
+    if not isinstance(value, dict) or not set(value) <= {"booked", "waits"}:
+        raise BadHeader("not the limiter's state")
+    booked = value.get("booked") or []
+    if not isinstance(booked, list) or not all(isinstance(n, str) for n in booked):
+        raise BadHeader("booked is not a list of names")
+    return {"booked": [_text(n, MAX_ID) for n in booked], "waits": _count(value.get("waits", 0))}
+
+
+_READERS: dict[str, Callable[[Any], Any]] = {
+    **{name: lambda v: _text(v, MAX_ID) for name in (CORRELATION, REQUEST, CAUSATION, ACTOR)},
+    **{name: lambda v: _text(v, MAX_ID) for name in (REPLAY_OF, SCHEDULE)},
+    IDEMPOTENCY_KEY: lambda v: _text(v, MAX_KEY),
+    ENQUEUED_AT: _time,
+    FIRST_FAILED_AT: _time,
+    OCCURRENCE: _time,
+    RESUMED: _count,
+    RECONCILE: _flag,
+    OVERLAP: _overlap,
+    LIMITS: _limits,
+}
+
+
+def read_header(name: str, value: Any, *, warn: bool = True) -> Any:
+    """Header ``name``'s value as the layer uses it, or None when it is absent or junk
+    (logged as a warning, unless ``warn`` is off: the message goes on without it)."""
+    if value is None:
+        return None
+    try:
+        return _READERS[name](value)
+    except BadHeader as exc:
+        if warn:
+            _logger.warning("header %s ignored: %s", name, exc)
+        return None
+
+
+def read_headers(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Our headers among ``raw``, each read by its reader: the ones the layer may use,
+    and the ones it refused (their raw values, for the dead-letter record)."""
+    good: dict[str, Any] = {}
+    refused: dict[str, Any] = {}
+    for name in ALL_HEADERS:
+        value = raw.get(name)
+        if value is None:
+            continue
+        read = read_header(name, value)
+        if read is None:
+            refused[name] = value
+        elif read != "":  # a flag that says no is the same as no header
+            good[name] = read
+    return good, refused
 
 
 def for_child(parent: Trace, parent_task_id: str) -> Trace:

@@ -25,6 +25,7 @@ from celery.exceptions import QueueNotFound
 
 from conventions import settings as settingslib
 from conventions.broker import INBOX_TRANSPORT
+from conventions.scrubbing import scrub_text
 from conventions.store.redis_records import AUDIT_BYTES_PER_JOB
 
 logger = logging.getLogger("conventions.doctor")
@@ -323,8 +324,8 @@ def _redis_server_checks(url: str, conf: Any) -> Iterator[Finding]:
     except redis.RedisError as exc:
         yield Finding(
             WARNING, "redis-config-unreadable", _where(url),
-            f"could not read the server's settings ({exc}); make sure maxmemory-policy is "
-            "noeviction and persistence (AOF) is on",
+            f"could not read the server's settings ({scrub_text(str(exc))}); make sure "
+            "maxmemory-policy is noeviction and persistence (AOF) is on",
         )  # fmt: skip
         return
     if policy != "noeviction":

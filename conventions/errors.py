@@ -19,6 +19,7 @@ The tree (``tree()`` renders the live hierarchy in this format, and a test compa
     `-- LayerError
         +-- ConfigurationError
         +-- PayloadError
+        |   `-- KeyConflict
         `-- QueueOverCapacity
 
 The first line of each class's docstring is its default message (``raise SkipJob()``
@@ -181,6 +182,26 @@ class PayloadError(LayerError, ValueError):
         return cls(errors=errors, task=task)
 
 
+class KeyConflict(PayloadError):
+    """Another payload holds this idempotency key: the publish was refused.
+
+    A job with the same key and a different payload is pending (or, in the worker, the
+    key is done): nothing was published, and the first job is not taken for this one.
+    ``key`` names the key.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, key: str = "", task: str | None = None
+    ) -> None:
+        self.key: str = key
+        if message is None and key:
+            message = (
+                f"{_default_message(type(self)).rstrip('.')}: {key!r} is held by a job of "
+                "another payload"
+            )
+        super().__init__(message, task=task)
+
+
 class QueueOverCapacity(LayerError):
     """The queue is over capacity: the publish was refused.
 
@@ -247,6 +268,7 @@ __all__ = [
     "ConfigurationError",
     "ConventionsError",
     "JobOutcome",
+    "KeyConflict",
     "LayerError",
     "LockBusy",
     "PayloadError",

@@ -7,7 +7,8 @@ delete exactly its own keys afterwards (``SCAN MATCH {prefix}*``).
 Layout (``{p}`` is the prefix)::
 
     {p}dedup:{key}              string  job id holding the enqueue reservation (PX ttl)
-    {p}ledger:{key}             hash    state, owner, outcome (PX lease or PX keep)
+    {p}print:{key}              string  payload fingerprint of that reservation (same PX)
+    {p}ledger:{key}             hash    state, owner, outcome, print (PX lease or PX keep)
     {p}deliveries:{delivery}    string  claim counter of one delivery (PX delivery_ttl)
     {p}dl:rec:{id}              hash    data (DeadLetter JSON), indexes (JSON key list)
     {p}dl:all                   zset    id -> last_failed_at (POSIX seconds)
@@ -23,15 +24,36 @@ Layout (``{p}`` is the prefix)::
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
+
+Idempotency keys themselves are namespaced by task here too (:func:`namespaced`): the
+store keeps ``payments.apply_event:payment-event:evt_1``, never the bare key a template
+renders, so two tasks whose templates render the same string never share a reservation
+or a ledger entry. The namespace is the task's name without its version, so v1 and v2
+of one job (an upcaster and its target) share their keys. A key is checked where it is
+chosen (:func:`checked`): an empty key or one over :data:`MAX_KEY_LENGTH` is refused.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import hashlib
+import json
+import re
+from typing import Any, Final
+
+from conventions.errors import PayloadError
 
 #: the prefix of every key when none is configured
 DEFAULT_PREFIX: Final = "cc:"
 
+#: the longest idempotency key accepted, in characters, before the task's namespace: it
+#: fits ``once()``'s marker column (``cc_processed_jobs.key``, 255) and the idempotency
+#: key field of the common payment providers (Stripe's ``Idempotency-Key``: 255)
+MAX_KEY_LENGTH: Final = 255
+#: a task name's version suffix (``.v2``), left out of its key namespace
+_VERSION = re.compile(r"\.v[0-9]+$")
+
+#: the payload fingerprint an enqueue reservation was taken with (PX as the reservation)
+PRINT: Final = "print:"
 #: enqueue dedup reservation of an idempotency key (value: the reserving job id)
 DEDUP: Final = "dedup:"
 #: execution ledger entry of an idempotency key (hash: state, owner, outcome)
@@ -68,6 +90,11 @@ BUCKET: Final = "bucket:"
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The enqueue reservation key of idempotency key ``key``."""
     return f"{prefix}{DEDUP}{key}"
+
+
+def dedup_print(key: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The payload fingerprint of the enqueue reservation of ``key``."""
+    return f"{prefix}{PRINT}{key}"
 
 
 def ledger(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -146,3 +173,63 @@ def state(name: str, prefix: str = DEFAULT_PREFIX) -> str:
 def bucket(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The key of the token bucket ``name``."""
     return f"{prefix}{BUCKET}{name}"
+
+
+def namespace(task_name: str) -> str:
+    """The key namespace of a task: its name without the version
+    (``payments.apply_event.v1`` -> ``payments.apply_event``)."""
+    return _VERSION.sub("", task_name)
+
+
+def namespaced(task_name: str, key: str) -> str:
+    """The key the store keeps for ``key`` of task ``task_name``. A key that already
+    carries the namespace (a dead letter's, an outbox row's) is kept as it is."""
+    prefix = f"{namespace(task_name)}:"
+    return key if key.startswith(prefix) else f"{prefix}{key}"
+
+
+def bare(task_name: str, key: str) -> str:
+    """``key`` without the task's namespace: the key the body sees and providers get."""
+    prefix = f"{namespace(task_name)}:"
+    return key[len(prefix) :] if key.startswith(prefix) else key
+
+
+def checked(task_name: str, key: object) -> str:
+    """``key`` as a string, or PayloadError when it is empty (or blank) or longer than
+    :data:`MAX_KEY_LENGTH`: a key that names no effect, or one no marker column or
+    provider keeps, is refused where it is chosen."""
+    text = key if isinstance(key, str) else str(key)
+    problem = None
+    if not text.strip():
+        problem = ("the idempotency key is empty", "key_empty")
+    elif len(text) > MAX_KEY_LENGTH:
+        problem = (
+            f"the idempotency key is {len(text)} characters, over the limit of {MAX_KEY_LENGTH}",
+            "key_too_long",
+        )
+    if problem is None:
+        return text
+    raise PayloadError(
+        errors=[{"loc": ["idempotency_key"], "msg": problem[0], "type": problem[1]}],
+        task=task_name,
+    )
+
+
+def fingerprint(task_name: str, data: dict[str, Any]) -> str:
+    """A short fingerprint of a payload: ``<version>:<16 hex digits>`` (BLAKE2b of its
+    canonical JSON). ``data`` is the payload as the published task's model validates it
+    (``model_dump(mode="json")``, what ``.delay()`` publishes), so the publisher and the
+    worker compute it on the same form; the version says which model that was."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
+    version = task_name.rpartition(".")[2] if _VERSION.search(task_name) else ""
+    return f"{version}:{digest}"
+
+
+def conflicting(held: str | None, given: str | None) -> bool:
+    """Whether two fingerprints of one key name different payloads. Only fingerprints of
+    one version compare: a v1 and a v2 payload of one job are different forms, and one
+    recorded without a fingerprint (before the upgrade) conflicts with none."""
+    if not held or not given or held == given:
+        return False
+    return held.partition(":")[0] == given.partition(":")[0]

@@ -7,8 +7,14 @@ every worker child at once; what is waiting is read from the broker (:mod:`queue
 The exporter only reads, so a restart loses nothing and two exporters agree.
 
 Names are ``celery_conventions_<noun>_total`` (counters), ``..._seconds`` (histograms
-and ages) and plain gauges; the labels are ``queue`` and ``task`` only, never an id.
+and ages) and plain gauges; the labels are ``queue`` and ``task`` only, never an id. A
+task name the app does not register (a foreign producer's, a typo) is counted under
+``task="other"``: whoever can publish cannot add label values without bound.
 Every metric, when it moves and the alert that uses it: ``docs/reference/metrics.md``.
+
+``/metrics`` has no authentication: the exporter listens on loopback unless told
+otherwise (``--addr``, or ``conventions_metrics_addr``): see "Where the exporter listens"
+in ``docs/reference/metrics.md``.
 
     conventions metrics serve --port 9808
 """
@@ -39,6 +45,10 @@ logger = logging.getLogger("conventions.metrics")
 NAMESPACE = "celery_conventions"
 #: the port the exporter listens on by default
 DEFAULT_PORT = 9808
+#: the address it listens on by default: this machine only (``/metrics`` has no auth)
+DEFAULT_ADDR = "127.0.0.1"
+#: the ``task`` label of every task name the app does not register
+OTHER_TASK = "other"
 #: the default queue SLO (seconds a job may wait) when ``conventions_queue_slo_seconds``
 #: does not name the queue
 DEFAULT_SLO = 300.0
@@ -56,6 +66,9 @@ EVENT_COUNTERS: Mapping[str, tuple[str, str]] = {
     "quarantined": ("jobs_quarantined", "poison jobs quarantined (also dead-lettered)"),
     "replayed": ("jobs_replayed", "dead letters replayed"),
     "publish_failed": ("jobs_publish_failed", "publishes the broker refused"),
+    "retry_failed": ("jobs_retry_failed", "retries the broker refused (message requeued)"),
+    "revoked": ("jobs_revoked", "jobs revoked before they ran (key given back)"),
+    "expired": ("jobs_expired", "jobs whose expires had passed on receipt"),
     "watchdog_alarm": ("watchdog_alarms", "schedule expectations the watchdog found missed"),
 }
 HISTOGRAMS: Mapping[str, tuple[str, str]] = {
@@ -95,6 +108,22 @@ def queue_of_tasks(app: Any) -> dict[str, str]:
         workload = getattr(task, "workload", None)
         if workload is not None and workload in mapping:
             out[name] = mapping[workload]
+    return out
+
+
+def bind_address(app: Any, given: str | None = None) -> str:
+    """Where the exporter listens: ``given`` (``--addr``), else the app's
+    ``conventions_metrics_addr``, else loopback."""
+    return str(given or app.conf.get("conventions_metrics_addr") or DEFAULT_ADDR)
+
+
+def folded(counters: Mapping[tuple[str, str], int], known: set[str]) -> dict[tuple[str, str], int]:
+    """``counters`` with every task name not in ``known`` counted as :data:`OTHER_TASK`
+    (summed), so that foreign names cannot grow the label set."""
+    out: dict[tuple[str, str], int] = {}
+    for (name, task), value in counters.items():
+        label = task if task in known else OTHER_TASK
+        out[name, label] = out.get((name, label), 0) + value
     return out
 
 
@@ -159,6 +188,8 @@ class Exporter(Collector):
         self.consumers_timeout = consumers_timeout
         self.slos = slos(app, self.broker.queues)
         self.task_queues = queue_of_tasks(app)
+        #: the task names that get a label of their own
+        self.known_tasks = set(app.tasks) - {OTHER_TASK}
         self._consumers: dict[str, int] | None = None
         self._lock = threading.Lock()
 
@@ -221,6 +252,7 @@ class Exporter(Collector):
         store = self.app.store
         try:
             counters, dead_letters = store.counters(), store.count_dead_letters()
+            counters = folded(counters, self.known_tasks)
         except Exception:
             logger.exception("could not read the counters from the store")
             up.add_metric([], 0)
@@ -270,7 +302,7 @@ def _le(bound: float) -> str:
 def serve(
     app: Any,
     port: int = DEFAULT_PORT,
-    addr: str = "0.0.0.0",
+    addr: str = DEFAULT_ADDR,
     *,
     consumers_every: float = 15.0,
     outbox_lag: OutboxLag | None = None,

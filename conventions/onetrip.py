@@ -41,6 +41,7 @@ class Deduplicated(Exception):
 
     def __init__(self, holder: str) -> None:
         super().__init__(f"the idempotency key is held by job {holder}")
+        #: the holder's job id; a ``Holder`` carries the fingerprint it reserved with
         self.holder = holder
 
 
@@ -79,19 +80,29 @@ def _publishes_to_store(store: RedisStore, client: Any) -> bool:
     return store.shares_server(params.get("host") or params.get("path"), params.get("port"))
 
 
-def hook(
-    store: Any, task_id: str, key: str | None, ttl: float | None, audit: AuditEvent
+def hook(  # noqa: PLR0917
+    store: Any,
+    task_id: str,
+    key: str | None,
+    ttl: float | None,
+    audit: AuditEvent,
+    fingerprint: str | None = None,
 ) -> broker.PushHook:
-    """The push of ``task_id``'s message with its reservation (``key=None``: the audit
-    event only, for a task without enqueue dedup)."""
+    """The push of ``task_id``'s message with its reservation, which keeps the payload's
+    ``fingerprint`` (``key=None``: the audit event only, for a task without enqueue
+    dedup)."""
 
     redis_store = cast(RedisStore, store)  # eligible() checked it
 
     def push(client: Any, queue_list: str, message: str) -> None:
         if not _publishes_to_store(redis_store, client):
-            _reserve_then_push(redis_store, client, queue_list, message, key, task_id, ttl, audit)
+            _reserve_then_push(
+                redis_store, client, queue_list, message, key, task_id, ttl, audit, fingerprint
+            )
             return
-        holder = redis_store.reserve_and_push(client, queue_list, message, key, task_id, ttl, audit)
+        holder = redis_store.reserve_and_push(
+            client, queue_list, message, key, task_id, ttl, audit, fingerprint
+        )
         if holder is not None:
             raise Deduplicated(holder)
 
@@ -107,13 +118,14 @@ def _reserve_then_push(  # noqa: PLR0917
     task_id: str,
     ttl: float | None,
     audit: AuditEvent,
+    fingerprint: str | None,
 ) -> None:
     """The two-step path, for a connection that publishes to another server: the
     reservation (or, without one, the audit event after the push) in the store, then
     kombu's own ``LPUSH`` on the publishing connection. A retried publish runs it again:
     the reservation is already this job's, and records nothing twice."""
     if key is not None:
-        holder = store.reserve(key, task_id, ttl, audit=audit)
+        holder = store.reserve(key, task_id, ttl, audit=audit, fingerprint=fingerprint)
         if holder is not None:
             raise Deduplicated(holder)
     client.lpush(queue_list, message)

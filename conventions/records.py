@@ -27,6 +27,8 @@ class Category(StrEnum):
     EXHAUSTED = "exhausted"  #: transient failures until the attempts ran out
     POISON = "poison"  #: the job kept killing its worker and was quarantined
     UNPARSEABLE = "unparseable"  #: the message could not be read as a job (raw body kept)
+    #: its key was already done with another payload: neither run nor taken for the first
+    CONFLICT = "conflict"
 
 
 class ClaimStatus(StrEnum):
@@ -48,6 +50,20 @@ class Claim:
     deliveries: int = 0
     #: the recorded outcome when ``DONE``
     outcome: str | None = None
+    #: the payload fingerprint recorded with ``DONE`` (None: recorded without one)
+    fingerprint: str | None = None
+
+
+class Holder(str):
+    """The job id holding an enqueue reservation (what ``Store.reserve`` answers), with
+    the payload fingerprint it reserved with (None: reserved without one)."""
+
+    fingerprint: str | None
+
+    def __new__(cls, job_id: str, fingerprint: str | None = None) -> Holder:
+        holder = super().__new__(cls, job_id)
+        holder.fingerprint = fingerprint or None
+        return holder
 
 
 #: the origin of the compact audit form's times

@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from celery import states
 from sqlalchemy.dialects import sqlite
 
-from conventions import audit, context, logs, outbox
+from conventions import audit, context, keys, logs, outbox
 from conventions.app import App
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, Retry
@@ -263,7 +263,8 @@ class Relay:
         state = _state_of(task, holder)
         if state in HOLDER_ALIVE:
             return False
-        task.store.unreserve(row.idempotency_key, holder)
+        body = task.upcast_into or task  # a row written before keys were namespaced: bare
+        task.store.unreserve(keys.namespaced(body.name, row.idempotency_key), holder)
         if state == states.SUCCESS:
             return False
         logger.warning(

@@ -96,6 +96,9 @@ def replay(
     }
     if correlation:
         headers[context.CORRELATION] = str(correlation)
+    for name in (context.SCHEDULE, context.OCCURRENCE):  # a beat key stays the job's key
+        if isinstance(record.headers.get(name), str):
+            headers[name] = record.headers[name]
     result: AsyncResult[Any] = task.apply_async(
         kwargs=record.payload, idempotency_key=record.idempotency_key, headers=headers
     )

@@ -68,11 +68,11 @@ def release(
     """Drop ``task_id``'s reservation of its key (if it still holds it) and record the
     ``revoked`` / ``expired`` audit event."""
     headers = _headers_of(request)
-    key = headers.get(context.IDEMPOTENCY_KEY) or key_of(task, getattr(request, "kwargs", None))
-    if key is None:
+    keys = key_of(task, getattr(request, "kwargs", None), headers)
+    if keys is None:
         logger.warning("%s[%s] was revoked; its idempotency key is unknown", task.name, task_id)
         return
-    headers[context.IDEMPOTENCY_KEY] = key
+    key, headers[context.IDEMPOTENCY_KEY] = keys
     store = task.store
     if task.dedup == "until_done":
         store.unreserve(key, task_id)
@@ -83,14 +83,14 @@ def release(
     )  # fmt: skip
 
 
-def key_of(task: ConventionTask, kwargs: Any) -> str | None:
-    """The idempotency key of a message's kwargs (None when they are not a valid payload)."""
+def key_of(task: ConventionTask, kwargs: Any, headers: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(store key, key)`` of a message, as its delivery would run under them
+    (``ConventionTask.run_key``); None when the kwargs are not a valid payload."""
     if not isinstance(kwargs, Mapping):
         return None
     try:
         payload = task.payload.parse(dict(kwargs), task=task.name)
-        body = task.upcast_into if task.upcast_into is not None else task
-        return body.key_for(task.upcast_payload(payload))
+        return task.run_key(task.upcast_payload(payload), headers)
     except Exception:  # a bad payload, or a key callable that raises on it: no key
         return None
 

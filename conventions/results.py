@@ -48,6 +48,7 @@ from celery.app.task import get_actual_ignore_result
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from kombu.utils.encoding import bytes_to_str
 
+from conventions.deadletter import CappedRequest
 from conventions.decisions import DEFAULT_TABLE
 from conventions.decisions import Retry as RetryDecision
 from conventions.records import AuditEvent, Claim
@@ -112,12 +113,14 @@ class _Completion:
     deadline: float
     #: publishes a copy of the job, for a riding write refused past the deadline
     give_back: Callable[[], None] = lambda: None
+    #: the payload fingerprint recorded with done (the same-key check of a later claim)
+    fingerprint: str | None = None
 
     def attempt(self, result: ResultWrite | None) -> None:
         """Complete the key once (with ``result`` in the same script when given), then
         ``after``."""
         riding = {} if result is None else {"result": result}  # any store, or the Redis one
-        self.store.complete(*self.args, audit=self.audit, **riding)
+        self.store.complete(*self.args, audit=self.audit, fingerprint=self.fingerprint, **riding)
         self.after()
 
     def run(self) -> None:
@@ -157,9 +160,13 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         self, task_id: str, result: Any, state: str, traceback: Any = None,
         request: Any = None, **kwargs: Any,
     ) -> Any:  # fmt: skip
-        """Celery's write; the SUCCESS write a completion rides waits for the server
+        """Celery's write (a FAILURE's ``args``/``kwargs`` capped as a dead letter's
+        payload is); the SUCCESS write a completion rides waits for the server
         until the completion's deadline, with or without ``always_retry`` (Celery's own
         retry, when on, is left to do it)."""
+        if state == states.FAILURE and request is not None:
+            # a rejected 20 MB message's kwargs are not stored whole (result_extended)
+            request = CappedRequest(request)
         held: _Completion | None = getattr(_local, "completion", None)
         write = partial(
             super()._store_result, task_id, result, state, traceback, request=request, **kwargs
@@ -208,7 +215,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         task = get_current_task()
         if task is None or not getattr(task, RIDES, False):
             return False
-        if self.store_alongside(task.store) is None or key != self.result_key(task.request.id):
+        try:
+            store = task.store
+        except Exception:  # the store cannot be opened: the run path defers the job
+            return False  # at its claim; Celery's own STARTED write goes ahead
+        if self.store_alongside(store) is None or key != self.result_key(task.request.id):
             return False
         _local.started = (task.request.id, self.write(key, value))
         return True
@@ -241,6 +252,7 @@ def complete(
     let_go: Callable[[], None],
     deadline: float,
     give_back: Callable[[], None],
+    fingerprint: str | None = None,
 ) -> None:
     """``task.store.complete(key, owner, "succeeded", ...)`` and then ``after()``: now, or
     in the same script as Celery's SUCCESS write when one follows the body. A store that
@@ -252,7 +264,7 @@ def complete(
     riding = isinstance(backend, RedisBackend) and backend.store_alongside(task.store) is not None
     completion = _Completion(
         "", task.store, (key, owner, "succeeded", keep, reserved_by), audit, after, hold,
-        let_go, deadline, give_back,
+        let_go, deadline, give_back, fingerprint,
     )  # fmt: skip
     if riding and _success_write_follows(task, request):
         completion.result_key = backend.result_key(request.id)

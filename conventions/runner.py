@@ -13,23 +13,20 @@ no longer renewed). Nothing on an exit path turns a store error into the job's F
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
 from conventions import (
-    alerts,
     audit,
     context,
     deadletter,
+    keys,
     limits,
     locks,
     logs,
@@ -42,33 +39,32 @@ from conventions.context import Trace
 from conventions.decisions import DeadLetter, Skip
 from conventions.decisions import Retry as RetryDecision
 from conventions.errors import PayloadError, ResumeLater
+from conventions.exits import READY, Exits
 from conventions.job import JobContext, keeper
 from conventions.payloads import Payload
 from conventions.progress import PROGRESS_STATE
-from conventions.records import AuditEvent, Category, Claim, ClaimStatus, utcnow
+from conventions.records import AuditEvent, Category, Claim, ClaimStatus
 
 if TYPE_CHECKING:
     from conventions.task import ConventionTask
 
 logger = logging.getLogger("conventions.runner")
 
-#: an option our own publishes carry so that the app's send_task does not check twice
-READY = "_cc_ready"
-
 
 def run(task: ConventionTask, request: Any, trace: Trace, args: Any, kwargs: Any) -> Any:
     """Run one delivery of ``task`` (called by ``ConventionTask.__call__``)."""
-    headers = deadletter.our_headers(request)
+    headers, refused = deadletter.our_headers(request)  # untrusted: each one read by type
     headers[context.CORRELATION] = trace.correlation_id
-    delivery = Delivery(task, request, headers, dict(kwargs or {}))
+    delivery = Delivery(task, request, headers, dict(kwargs or {}), refused=refused)
     payload = delivery.validate(args)
     with limits.admitted(delivery):  # dependency tokens and slots, before the claim
         return delivery.execute(payload, trace)
 
 
 @dataclass
-class Delivery:
-    """One delivery of one job, from validation to its single outcome."""
+class Delivery(Exits):
+    """One delivery of one job, from validation to its single outcome (its retry,
+    dead-letter and quarantine exits in ``conventions.exits``)."""
 
     task: ConventionTask
     request: Any
@@ -82,6 +78,11 @@ class Delivery:
     lock: str | None = None
     #: when this delivery started (monotonic): its time limit counts from about here
     started_at: float = field(default_factory=time.monotonic)
+    #: headers of ours the message carried with a wrong type or format, raw: not used,
+    #: kept for the dead-letter record only (``context.read_headers``)
+    refused: dict[str, Any] = field(default_factory=dict)
+    #: the payload's fingerprint, in the published task's form (``keys.fingerprint``)
+    fingerprint: str | None = None
 
     @property
     def body(self) -> ConventionTask:
@@ -132,11 +133,17 @@ class Delivery:
             self.dead_letter(exc, Category.INVALID, str(exc))
             self.settle_result(exc)
             raise Reject(str(exc), requeue=False) from exc
+        self.fingerprint = keys.fingerprint(task.name, payload.model_dump(mode="json"))
         if task.upcast is not None:
             payload = task.upcast_payload(payload)
-        self.key = str(self.headers.get(context.IDEMPOTENCY_KEY) or self.body.key_for(payload))
-        self.headers[context.IDEMPOTENCY_KEY] = self.key
-        logs.update_job(idempotency_key=self.key)
+        try:  # the key the declaration derives, never one a header picks (task.run_key)
+            self.key, key = task.run_key(payload, self.headers)
+        except PayloadError as exc:  # an empty or oversized key: as an invalid payload
+            self.dead_letter(exc, Category.INVALID, str(exc))
+            self.settle_result(exc)
+            raise Reject(str(exc), requeue=False) from exc
+        self.headers[context.IDEMPOTENCY_KEY] = key  # bare: the body's and the providers'
+        logs.update_job(idempotency_key=key)
         return payload
 
     def execute(self, payload: Payload, trace: Trace) -> Any:
@@ -179,6 +186,10 @@ class Delivery:
             self.store_down(exc)
         if claim.status is ClaimStatus.HELD and claim.holder == self.owner:
             claim = Claim(ClaimStatus.CLAIMED, self.owner)  # a retried claim: ours already
+        if claim.status is ClaimStatus.DONE and keys.conflicting(
+            claim.fingerprint, self.fingerprint
+        ):
+            self.conflict(claim)
         if claim.status is ClaimStatus.DONE:
             return self.skip_done(claim)
         if claim.status is ClaimStatus.HELD:
@@ -188,7 +199,7 @@ class Delivery:
         ctx = JobContext(
             task=task.name,
             task_id=request.id,
-            idempotency_key=key,
+            idempotency_key=str(self.headers[context.IDEMPOTENCY_KEY]),  # without namespace
             attempt=self.attempt,
             trace=trace,
             reconcile_first=bool(self.headers.get(context.RECONCILE)),
@@ -214,6 +225,17 @@ class Delivery:
             return self.on_failure(exc)
         self.succeeded(ctx)
         return result
+
+    def conflict(self, claim: Claim) -> NoReturn:
+        """The key is done, by a run of another payload: this one neither runs nor is
+        taken for the first. Dead-lettered as ``conflict`` (which drops its reservation)."""
+        reason = (
+            f"idempotency key {self.key} was done by {claim.holder} with another payload "
+            f"(fingerprint {claim.fingerprint}, this one {self.fingerprint})"
+        )
+        self.dead_letter(None, Category.CONFLICT, reason, alert=True)  # a key too coarse
+        self.settle_result(Reject(reason, requeue=False))
+        raise Reject(reason, requeue=False)
 
     def skip_done(self, claim: Claim) -> None:
         """The key is already done: drop this job's reservation, run nothing. A store
@@ -241,7 +263,7 @@ class Delivery:
                 audit=self.event("succeeded"), after=ctx.finish,
                 hold=lambda: keeper.hold(store, key, owner, settings.lease),
                 let_go=lambda: keeper.drop(key, owner), deadline=self.deadline(),
-                give_back=self.give_back,
+                give_back=self.give_back, fingerprint=self.fingerprint,
             )  # fmt: skip
         except Exception as exc:
             self.completion_refused(exc)
@@ -344,33 +366,6 @@ class Delivery:
             countdown=countdown, retries=self.request.retries or 0, **{READY: True},
         )  # fmt: skip
 
-    def quarantine(self, deliveries: int) -> NoReturn:
-        """The job was claimed too often without finishing: it kills its worker (or its
-        way out kept failing: a retry or completion that could not be recorded)."""
-        reason = (
-            f"claimed {deliveries} times for attempt {self.attempt} without finishing: "
-            "the job keeps killing its worker, or its outcome could not be recorded"
-        )
-        self.give_up_claim()
-        self.dead_letter(None, Category.POISON, reason, alert=True)
-        self.audit("quarantined", deliveries=deliveries)
-        self.settle_result(Reject(reason, requeue=False))
-        raise Reject(reason, requeue=False)
-
-    def settle_result(self, exc: BaseException) -> None:
-        """A rejected message never reaches Celery's result handling: store FAILURE so
-        that a caller waiting on ``.get()`` gets an answer instead of waiting forever."""
-        task = self.task
-        if task.ignore_result:
-            return
-        try:
-            task.backend.mark_as_failure(
-                self.request.id, exc, request=self.request, call_errbacks=False
-            )
-        except Exception:
-            logger.warning("%s[%s]: could not store its failure", task.name, self.request.id,
-                           exc_info=True)  # fmt: skip
-
     def on_failure(self, exc: Exception) -> Any:
         """Turn the body's exception into its one decision."""
         decision = self.body.decisions.decide(exc)
@@ -392,119 +387,3 @@ class Delivery:
         self.give_up_claim()
         self.dead_letter(exc, decision.category, decision.reason, alert=decision.alert)
         raise scrubbing.scrubbed(exc)  # what Celery logs, stores and sends: no personal data
-
-    def retry(self, exc: Exception, decision: RetryDecision) -> NoReturn:
-        """Publish the next attempt as Celery's ``Task.retry`` does (the same id and
-        options, ``retries + 1``, then ``Retry`` so that Celery records RETRY), and only
-        then say ``retried``. The claim is given up first, so that the retry finds the
-        key free; the enqueue reservation stays (duplicates published meanwhile dedup).
-        A retry that cannot be published leaves this message to be delivered again
-        (requeued, not acked, as ``defer`` does), where Celery's own ``retry`` rejects it
-        for good (``Reject(requeue=False)``: on Redis, deleted)."""
-        task, request = self.task, self.request
-        countdown = self.body.backoff.countdown(
-            self.attempt, decision.delay, task.settings.max_countdown
-        )
-        headers = dict(self.headers)
-        headers.setdefault(context.FIRST_FAILED_AT, utcnow().isoformat())
-        if decision.reconcile:
-            headers[context.RECONCILE] = "1"
-        else:
-            headers.pop(context.RECONCILE, None)
-        self.give_up_claim()
-        if request.is_eager:  # nothing to publish: Celery runs the retry in place
-            raise task.retry(
-                exc=scrubbing.scrubbed(exc), countdown=countdown, headers=headers, **{READY: True}
-            )
-        signature = task.signature_from_request(
-            request, None, None, countdown=countdown, retries=(request.retries or 0) + 1,
-            headers=headers, **{READY: True},
-        )  # fmt: skip
-        try:
-            signature.apply_async()
-        except Exception as publish_error:
-            self.retry_refused(exc, publish_error)
-        self.audit(
-            "retried", delay=round(countdown, 3), reason=decision.reason,
-            exc_type=type(exc).__qualname__,
-        )  # fmt: skip
-        logger.warning(
-            "%s[%s] attempt %d failed (%s: %s); retrying in %.2fs",
-            task.name, request.id, self.attempt, type(exc).__qualname__, exc, countdown,
-        )  # fmt: skip
-        raise Retry(exc=scrubbing.scrubbed(exc), when=countdown, sig=signature)
-
-    def retry_refused(self, exc: Exception, publish_error: Exception) -> NoReturn:
-        """The broker refused the retry: ``retry_failed`` in the books, and this message
-        back to the broker, unacked. Its next delivery runs the same attempt again; one
-        that keeps failing this way is quarantined after ``max_deliveries``."""
-        reason = f"the retry could not be published ({type(publish_error).__qualname__})"
-        self.audit("retry_failed", reason=reason, exc_type=type(exc).__qualname__)
-        logger.error("%s[%s] attempt %d failed (%s) and %s; requeued", self.task.name,
-                     self.request.id, self.attempt, type(exc).__qualname__, reason)  # fmt: skip
-        raise Reject(reason, requeue=True) from publish_error
-
-    def dead_letter(
-        self, exc: BaseException | None, category: Category, reason: str, alert: bool = False
-    ) -> None:
-        """Write the record first, then audit and log (an alert also goes to Sentry); the
-        caller then acks or rejects."""
-        task, request = self.task, self.request
-        first = self.headers.get(context.FIRST_FAILED_AT)
-        record = deadletter.build(
-            task=task.name,
-            request=request,
-            headers=self.headers,
-            category=category,
-            payload=self.kwargs,
-            idempotency_key=self.key,
-            exc=exc,
-            reason=reason,
-            first_failed_at=datetime.fromisoformat(first) if first else None,
-        )
-        try:
-            # the reservation first: a written record never leaves its key reserved
-            if self.key:
-                task.store.unreserve(self.key, request.id)
-            task.store.put_dead_letter(record)
-        except Exception as write_error:
-            # no home for the record: keep the job instead (it runs again later)
-            self.store_down(write_error, " for the dead letter")
-        self.audit(
-            "dead_lettered", category=str(category), dead_letter_id=record.id,
-            reason=record.message,
-        )  # fmt: skip
-        line = (
-            f"{task.name}[{request.id}] dead-lettered as {category} ({record.id}): {record.message}"
-        )
-        if alert:
-            tags = {
-                "task": task.name, "queue": record.queue, "idempotency_key": self.key,
-                "correlation_id": record.correlation_id, "category": str(category),
-            }  # fmt: skip
-            alerts.alert(line, exc=exc, tags={k: v for k, v in tags.items() if v is not None})
-        else:
-            alerts.mark_handled(exc)  # a decision, not an error report: no Sentry event
-            logger.error("%s", line)
-
-
-def dead_letter_hard_timeout(
-    task: ConventionTask, task_id: str, kwargs: dict[str, Any], exc: BaseException
-) -> None:
-    """The hard time limit killed the job's process: Celery acks the message in the main
-    process, so the dead letter is written here, and the enqueue reservation dropped.
-
-    The job ignored its soft time limit (which would have been retried), so it is
-    treated as a bug: alerted, kept for triage and replay. Only the payload is known in
-    the main process: our headers stay with the killed child.
-    """
-    request = SimpleNamespace(id=task_id, retries=0, hostname=None, delivery_info={})
-    delivery = Delivery(task, request, {}, dict(kwargs or {}))
-    try:
-        payload = task.upcast_payload(task.payload.parse(delivery.kwargs, task=task.name))
-        delivery.key = delivery.body.key_for(payload)
-    except PayloadError:
-        delivery.key = None
-    reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"
-    with contextlib.suppress(Ignore, Reject):  # store down: published again (``defer``)
-        delivery.dead_letter(exc, Category.BUG, reason, alert=True)

@@ -40,7 +40,7 @@ SCRUBBERS: tuple[tuple[re.Pattern[str], str, str], ...] = (
         r"\1\2<redacted>",
         "",
     ),
-    (re.compile(r"(?i)(://[^:/\s]+:)[^@/\s]+@"), r"\1<redacted>@", "://"),
+    (re.compile(r"(?i)(://[^:/\s]*:)[^@/\s]+@"), r"\1<redacted>@", "://"),  # user optional
 )
 #: attributes the layer sets on an exception (``alerts``' "already reported" mark): a
 #: scrubbed copy carries them, so that Sentry still drops the duplicate event

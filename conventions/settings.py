@@ -2,13 +2,24 @@
 
 ``celeryconfig.py`` is the only place that reads the environment; this module only reads
 ``app.conf``. Every setting is listed in ``docs/reference/settings.md``.
+
+It also masks what is shown of the settings. Celery hides the values of the settings it
+knows (``broker_url``, names holding ``backend``, ``PASS``, ``SECRET``, ``DATABASE``...)
+when it prints them (``celery report``, ``celery inspect conf``, Flower's config tab),
+but not ``conventions_store_url``, a project's ``REDIS_URL`` or ``*_smtp_url``:
+:class:`MaskedSettings` masks the password of every URL in any setting, whatever its name.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+
+from celery.app.utils import Settings as CelerySettings
+from celery.app.utils import sanitize_url
 
 from conventions import backpressure, limits
 from conventions.backpressure import Bound
@@ -31,6 +42,14 @@ COUNTDOWN_MARGIN = 60.0
 #: longest countdown on brokers without a visibility timeout (RabbitMQ's consumer timeout
 #: is 30 minutes by default, and a worker holds an ETA message unacked until it is due)
 DEFAULT_MAX_COUNTDOWN = 900.0
+#: what replaces a password where settings are shown (Celery's own mask)
+MASK = "********"
+#: a query parameter or ``key=value`` pair that carries a secret (``?password=``,
+#: ``auth_token=``, libpq's ``password=``)
+SECRET_PAIR = re.compile(
+    r"(?i)(?<![\w-])((?:[\w-]*_)?(?:password|passwd|pass|pwd|secret|token|api_?key|access_?key)"
+    r"\s*=\s*)[^&;#\s]+"
+)
 
 
 @dataclass(frozen=True)
@@ -137,3 +156,42 @@ def _seconds(conf: Any, name: str, default: timedelta) -> float:
     """A positive number of seconds; unset, 0 or negative gives ``default``."""
     value = float(conf.get(name) or 0)
     return value if value > 0 else default.total_seconds()
+
+
+# -- what is shown of the settings -----------------------------------------------------
+
+
+def mask_url(url: str) -> str:
+    """``url`` with every password masked (each host of a failover list, and secret
+    query parameters); the scheme, user, hosts and path are kept for diagnosis."""
+    return SECRET_PAIR.sub(rf"\g<1>{MASK}", str(sanitize_url(url, mask=MASK)))
+
+
+def masked(value: Any, key: str = "") -> Any:
+    """``value`` as it may be shown: every URL or ``key=value`` secret in it masked, in
+    mappings, lists and tuples too. A DSN's user part is its key (Sentry's), so under a
+    name ending in ``dsn`` the whole user part is masked."""
+    if isinstance(value, str):
+        if "://" not in value:
+            return SECRET_PAIR.sub(rf"\g<1>{MASK}", value)
+        shown = mask_url(value)
+        if key.lower().endswith("dsn"):
+            shown = re.sub(r"://[^/@]+@", f"://{MASK}@", shown)
+        return shown
+    if isinstance(value, Mapping):
+        return {name: masked(item, str(name)) for name, item in value.items()}
+    if isinstance(value, list):
+        return [masked(item, key) for item in value]
+    if isinstance(value, tuple):
+        return tuple(masked(item, key) for item in value)
+    return value
+
+
+class MaskedSettings(CelerySettings):  # type: ignore[misc]
+    """Celery's settings whose shown table (``celery report``, ``inspect conf``) masks
+    every URL-like value on top of Celery's own censoring; the values themselves are
+    untouched (``app.conf.conventions_store_url`` keeps its password)."""
+
+    def table(self, with_defaults: bool = False, censored: bool = True) -> dict[str, Any]:
+        shown = super().table(with_defaults, censored)
+        return {key: masked(value, str(key)) for key, value in shown.items()} if censored else shown

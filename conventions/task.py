@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import string
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 
@@ -22,13 +22,24 @@ from celery import Task
 from celery.result import AsyncResult
 from celery.utils.time import is_naive, maybe_iso8601
 
-from conventions import audit, backpressure, broker, context, onetrip, runner
+from conventions import (
+    audit,
+    backpressure,
+    broker,
+    context,
+    exits,
+    keys,
+    onetrip,
+    runner,
+    schedules,
+    scrubbing,
+)
 from conventions.backoff import Backoff
 from conventions.decisions import DEFAULT_TABLE, DecisionTable
-from conventions.errors import ConfigurationError, PayloadError
+from conventions.errors import ConfigurationError, KeyConflict, PayloadError
+from conventions.exits import READY
 from conventions.payloads import Payload
 from conventions.records import utcnow
-from conventions.runner import READY
 from conventions.settings import Settings
 from conventions.store.base import Store
 
@@ -60,6 +71,9 @@ class ConventionTask(Task):  # type: ignore[misc]
     payload: ClassVar[type[Payload]]
     #: the idempotency key template over payload fields, or a callable of the payload
     key: ClassVar[KeyTemplate]
+    #: may a call (``idempotency_key=``) or a message header give another key than the
+    #: one ``key`` derives from the payload? Off: the key is always the declaration's
+    key_override: ClassVar[bool] = False
     #: the workload the routing maps to a queue
     workload: ClassVar[str]
     #: may an operator replay this task's dead letters without ``--force``?
@@ -130,22 +144,24 @@ class ConventionTask(Task):  # type: ignore[misc]
                 task=self.name,
             )
         data, key, headers = self.prepare(kwargs, options)
+        fingerprint = keys.fingerprint(self.name, data)  # one key, one payload
         task_id = task_id or str(uuid.uuid4())
         store = self.store
         published = audit.event("published", self.name, task_id, headers)
         refusal = backpressure.check(self, options)  # None unless a queue bound is crossed
         if refusal is None and onetrip.eligible(self.app, store):
             return self._publish_in_one_trip(
-                data, key, headers, task_id, published, (producer, link, link_error, shadow),
-                options,
+                data, (key, fingerprint), headers, task_id, published,
+                (producer, link, link_error, shadow), options,
             )  # fmt: skip
         if self.dedup is not None:
             # one round trip: the reservation and, when it is ours, the audit event
             holder = store.reserve(
-                key, task_id, self._dedup_ttl(), audit=None if refusal else published
-            )
+                key, task_id, self._dedup_ttl(), audit=None if refusal else published,
+                fingerprint=fingerprint,
+            )  # fmt: skip
             if holder is not None:
-                return self._duplicate_of(holder, headers)
+                return self._duplicate_of(holder, headers, key, fingerprint)
         if refusal is not None:
             return backpressure.refuse(self, refusal, key, task_id, headers)
         try:
@@ -173,17 +189,19 @@ class ConventionTask(Task):  # type: ignore[misc]
     def _publish_in_one_trip(  # noqa: PLR0917
         self,
         data: dict[str, Any],
-        key: str,
+        keyed: tuple[str, str],
         headers: dict[str, Any],
         task_id: str,
         published: Any,
         celery_args: tuple[Any, ...],
         options: dict[str, Any],
     ) -> AsyncResult:
-        """Publish with the reservation inside the push (:mod:`conventions.onetrip`)."""
+        """Publish with the reservation (``keyed``: key and payload fingerprint) inside
+        the push (:mod:`conventions.onetrip`)."""
+        key, fingerprint = keyed
         pushed = onetrip.hook(
             self.store, task_id, key if self.dedup is not None else None, self._dedup_ttl(),
-            published,
+            published, fingerprint,
         )  # fmt: skip
         try:
             with broker.pushing_through(pushed):
@@ -193,7 +211,7 @@ class ConventionTask(Task):  # type: ignore[misc]
                 )  # fmt: skip
         except onetrip.Deduplicated as duplicate:
             onetrip.forget(self.app, task_id)
-            return self._duplicate_of(duplicate.holder, headers)
+            return self._duplicate_of(duplicate.holder, headers, key, fingerprint)
         except BaseException as exc:
             self._publish_failed(key, task_id, headers, exc)
             raise
@@ -203,9 +221,14 @@ class ConventionTask(Task):  # type: ignore[misc]
         result.deduplicated = False
         return result
 
-    def _duplicate_of(self, holder: str, headers: dict[str, Any]) -> DuplicateResult:
+    def _duplicate_of(
+        self, holder: str, headers: dict[str, Any], key: str, fingerprint: str
+    ) -> DuplicateResult:
         """The holder's handle, for a publish whose key another job holds (nothing was
-        enqueued), with its ``deduplicated`` audit event."""
+        enqueued), with its ``deduplicated`` audit event; KeyConflict when the holder
+        reserved it for another payload (never taken for this one)."""
+        if keys.conflicting(getattr(holder, "fingerprint", None), fingerprint):
+            raise KeyConflict(key=key, task=self.name)
         audit.record(
             self.store, "deduplicated", self.name, holder, headers,
             detail={"duplicate_of": holder},
@@ -235,16 +258,42 @@ class ConventionTask(Task):  # type: ignore[misc]
         payload = self.payload.parse(dict(kwargs or {}), task=self.name)
         data = payload.to_message()
         self._check_delay(options)
-        explicit_key = options.pop("idempotency_key", None)
-        key = (
-            str(explicit_key)
-            if explicit_key
-            else self._body_task().key_for(self.upcast_payload(payload))
-        )
+        body = self._body_task()
+        derived = body.key_for(self.upcast_payload(payload))
+        explicit = options.pop("idempotency_key", None)
         headers = context.outgoing(options.pop("headers", None))
-        headers[context.IDEMPOTENCY_KEY] = key
+        key = derived
+        if explicit:
+            key = keys.bare(body.name, str(explicit))
+            if key != derived and not (self.key_override or _beat_key(key, headers)):
+                raise ConfigurationError(
+                    f"{self.name}: idempotency_key={str(explicit)!r} would replace the key "
+                    f"the task declares ({derived!r}); a task whose key may be given per "
+                    "call declares key_override=True"
+                )
+        headers[context.IDEMPOTENCY_KEY] = keys.checked(self.name, key)
         headers.setdefault(context.ENQUEUED_AT, utcnow().isoformat())
-        return data, key, headers
+        return data, keys.namespaced(body.name, key), headers
+
+    def run_key(self, payload: Payload, headers: Mapping[str, Any]) -> tuple[str, str]:
+        """``(store key, key)`` a delivery of ``payload`` (the body's form) runs under:
+        the one the declaration derives from the payload. A key the message carries
+        (``cc_idempotency_key``, from any producer) is taken instead only for a task
+        declared ``key_override=True``, or when it is the occurrence key of a schedule
+        entry of this app that sends this task; else it is ignored. PayloadError when
+        the key is empty or too long (:func:`conventions.keys.checked`)."""
+        body = self._body_task()
+        key = body.key_for(payload)
+        carried = headers.get(context.IDEMPOTENCY_KEY)
+        if isinstance(carried, str) and carried:
+            given = keys.bare(body.name, carried)
+            if given != key and (self.key_override or _scheduled(self, given, headers)):
+                key = given
+            elif given != key:
+                logger.warning("%s: ignored the key %r the message carries; runs under %r",
+                               self.name, scrubbing.scrub_text(given[:80]), key)  # fmt: skip
+        key = keys.checked(self.name, key)
+        return keys.namespaced(body.name, key), key
 
     def _dedup_ttl(self) -> float | None:
         if isinstance(self.dedup, int | float):
@@ -293,7 +342,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         """Celery calls this in the main process when the hard time limit kills a job;
         every other failure was already decided by the runner in the child."""
         if isinstance(exc, TimeLimitExceeded):
-            runner.dead_letter_hard_timeout(self, task_id, kwargs, exc)
+            exits.dead_letter_hard_timeout(self, task_id, kwargs, exc)
 
     # -- run ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -309,6 +358,37 @@ class ConventionTask(Task):  # type: ignore[misc]
             return runner.run(self, request, trace, args, kwargs)
         finally:
             context.reset(token)
+
+
+def _beat_key(key: str, headers: Mapping[str, Any]) -> bool:
+    """Whether ``key`` is the occurrence key (``beat:<entry>:<label>``) of the schedule
+    entry the headers name: the key ``conventions.scheduler`` gives explicitly."""
+    entry = headers.get(context.SCHEDULE)
+    return isinstance(entry, str) and bool(entry) and key.startswith(f"beat:{entry}:")
+
+
+def _scheduled(task: ConventionTask, key: str, headers: Mapping[str, Any]) -> bool:
+    """Whether a message's ``key`` is a beat occurrence key of an entry of this app's
+    schedule (``conventions_schedule``) that sends ``task``: a header alone never makes
+    a payment job run under another key."""
+    if not _beat_key(key, headers):
+        return False
+    return bool(_schedule_of(task.app).get(str(headers[context.SCHEDULE])) == task.name)
+
+
+def _schedule_of(app: Any) -> dict[str, str]:
+    """Entry name -> task name of the app's schedule, read once per app and setting (an
+    unreadable schedule is none: its messages run under their declared keys)."""
+    setting = app.conf.get("conventions_schedule")
+    cached = app.__dict__.get("_cc_scheduled_tasks")
+    if cached is None or cached[0] is not setting:
+        try:
+            found = {entry.name: entry.task for entry in schedules.entries_of(app)}
+        except Exception:
+            logger.warning("could not read conventions_schedule", exc_info=True)
+            found = {}
+        cached = app.__dict__["_cc_scheduled_tasks"] = (setting, found)
+    return cast(dict[str, str], cached[1])
 
 
 def _kwargsrepr(data: dict[str, Any], headers: dict[str, Any]) -> str:

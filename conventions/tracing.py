@@ -53,7 +53,9 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     request = task.request
     trace = context.from_request(request, assign=True)
     setattr(request, _TOKEN, context.activate(context.for_child(trace, task_id)))
-    key = getattr(request, context.IDEMPOTENCY_KEY, None)
+    key = context.read_header(
+        context.IDEMPOTENCY_KEY, getattr(request, context.IDEMPOTENCY_KEY, None), warn=False
+    )
     name = task.name
     version = logs.version_of(name)
     logs.bind_job(

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from conventions.store.base import Store
@@ -17,6 +18,8 @@ from conventions.store.sql import SQLStore
 
 __all__ = ["RedisStore", "SQLStore", "Store", "open_store", "resolve_url"]
 
+#: what a URL scheme looks like (RFC 3986), so that only a scheme is ever repeated
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]{0,31}$")
 #: URL schemes served by :class:`RedisStore`
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: URL schemes served by :class:`SQLStore`, and what each becomes (psycopg 3 for PostgreSQL)
@@ -32,7 +35,8 @@ def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
     """Which backend serves ``url``, and the URL to give it.
 
     ``postgresql://`` and ``postgres://`` become ``postgresql+psycopg://`` (the driver this
-    package depends on). Any other scheme is a ValueError naming the accepted ones.
+    package depends on). Any other scheme is a ValueError naming the accepted ones and
+    never repeating the URL (its password would reach logs and tracebacks).
     """
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
@@ -41,7 +45,9 @@ def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
     if sep and scheme in SQL_SCHEMES:
         return "sql", f"{SQL_SCHEMES[scheme]}://{rest}"
     accepted = ", ".join(f"{name}://" for name in (*REDIS_SCHEMES, *SQL_SCHEMES))
-    raise ValueError(f"unsupported store URL {url!r}: the scheme must be one of {accepted}")
+    # the URL itself is not repeated: it may carry a password, and the scheme is the fault
+    given = f"scheme {scheme}://" if sep and SCHEME.match(scheme) else "no scheme"
+    raise ValueError(f"unsupported store URL ({given}): the scheme must be one of {accepted}")
 
 
 def open_store(url: str, **redis_options: Any) -> Store:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from conventions.records import AuditEvent, Category, Claim, DeadLetter
+from conventions.records import AuditEvent, Category, Claim, DeadLetter, Holder
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,22 @@ class Store(Protocol):
 
     # -- enqueue dedup ---------------------------------------------------------------
     def reserve(
-        self, key: str, job_id: str, ttl: float | None, *, audit: AuditEvent | None = None
-    ) -> str | None:
+        self,
+        key: str,
+        job_id: str,
+        ttl: float | None,
+        *,
+        audit: AuditEvent | None = None,
+        fingerprint: str | None = None,
+    ) -> Holder | None:
         """Reserve ``key`` for ``job_id`` atomically; record ``audit`` in the same round
         trip, only when this call made the reservation.
 
         Returns None when the reservation is ours (including when ``job_id`` already
         held it: reserving again is idempotent and does not extend the ttl), else the job
-        id that holds it. ``ttl`` (seconds) bounds the reservation; None keeps it until
+        id that holds it, as a :class:`~conventions.records.Holder` carrying the payload
+        ``fingerprint`` it reserved with (the caller compares: the store keeps it, never
+        judges it). ``ttl`` (seconds) bounds the reservation; None keeps it until
         released. An expired reservation goes to the next job that reserves.
         """
         ...
@@ -92,7 +100,8 @@ class Store(Protocol):
 
         Free key, or a lease that expired (its owner died): the claim is taken and the
         delivery counter of ``delivery_id`` is incremented and returned. Key already done
-        (within its ``keep``): ``DONE`` with its outcome. Key held by a live lease
+        (within its ``keep``): ``DONE`` with its outcome and the fingerprint recorded
+        with it. Key held by a live lease
         (``owner``'s own included): ``HELD``. ``deliveries`` is 0 unless ``CLAIMED``.
         One round trip on Redis; ``audit`` is recorded in it, only when the claim is taken.
         """
@@ -112,10 +121,11 @@ class Store(Protocol):
         reserved_by: str | None,
         *,
         audit: AuditEvent | None = None,
+        fingerprint: str | None = None,
     ) -> None:
-        """Record ``key`` as done for ``keep`` seconds, drop the enqueue reservation held
-        by ``reserved_by`` (when given) and record ``audit``, atomically (one round trip
-        on Redis).
+        """Record ``key`` as done for ``keep`` seconds (with the payload ``fingerprint``
+        of the run), drop the enqueue reservation held by ``reserved_by`` (when given)
+        and record ``audit``, atomically (one round trip on Redis).
 
         Done is recorded when ``owner`` still holds the lease, or when the entry has
         expired (the lease ran out but the body finished: its result stands). A live

@@ -23,6 +23,7 @@ records, and :mod:`conventions.store.sql_tables` the tables and the helpers ever
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +38,7 @@ from conventions.records import (
     Claim,
     ClaimStatus,
     DeadLetter,
+    Holder,
 )
 from conventions.store.base import KeyState
 from conventions.store.sql_coordination import SQLCoordination
@@ -46,6 +48,7 @@ from conventions.store.sql_tables import (
     _counts_table,
     _lease_tables,
     _tables,
+    add_missing_columns,
 )
 
 __all__ = ["SQLITE_BUSY_TIMEOUT", "SQLStore", "UTCDateTime", "make_engine"]
@@ -92,10 +95,12 @@ class SQLStore(SQLCoordination):
         delivery_ttl: float = 7 * 86400,
     ) -> None:
         self._owns_engine = isinstance(url_or_engine, str)
-        self.engine = (
+        self._engine = (
             make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
         )
-        dialect = self.engine.dialect.name
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        dialect = self._engine.dialect.name
         if dialect not in ("postgresql", "sqlite"):
             self.close()
             raise ValueError(f"SQLStore supports postgresql and sqlite, not {dialect!r}")
@@ -108,32 +113,64 @@ class SQLStore(SQLCoordination):
         self.leases, self.states = _lease_tables(self.metadata, table_prefix)
         self.counts = _counts_table(self.metadata, table_prefix)
         self.buckets = _bucket_table(self.metadata, table_prefix)
-        try:
-            self.metadata.create_all(self.engine, checkfirst=True)
-        except sa.exc.DBAPIError:
-            # another process created the same tables between our check and our CREATE
-            self.metadata.create_all(self.engine, checkfirst=True)
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The engine, once the tables exist. Making the store connects to nothing: the
+        tables are created at its first use, so that a server that does not answer
+        then fails that call (the run path keeps the job: deferred) rather than the
+        opening of the store (a pool child's first job, outside the run path)."""
+        if not self._schema_ready:
+            self._create_schema()
+        return self._engine
+
+    @engine.setter
+    def engine(self, value: sa.Engine) -> None:
+        self._engine = value
+
+    def _create_schema(self) -> None:
+        """Create the missing tables, once per store; a failure is tried again at the
+        next use."""
+        with self._schema_lock:
+            if self._schema_ready:
+                return
+            try:
+                self.metadata.create_all(self._engine, checkfirst=True)
+            except sa.exc.DBAPIError:
+                # another process created the same tables between our check and our
+                # CREATE (or the server does not answer: this raises again)
+                self.metadata.create_all(self._engine, checkfirst=True)
+            add_missing_columns(self._engine, self.metadata, self.dedup.name[: -len("dedup")])
+            self._schema_ready = True
 
     # -- enqueue dedup -------------------------------------------------------------------
     def reserve(
-        self, key: str, job_id: str, ttl: float | None, *, audit: AuditEvent | None = None
-    ) -> str | None:
+        self,
+        key: str,
+        job_id: str,
+        ttl: float | None,
+        *,
+        audit: AuditEvent | None = None,
+        fingerprint: str | None = None,
+    ) -> Holder | None:
         """Insert the reservation, or take over an expired one (recording ``audit`` in the
-        same transaction); else answer the holder."""
+        same transaction); else answer the holder, with its fingerprint."""
         now = self._now()
         t = self.dedup
         expires = None if ttl is None else self._later(ttl)
         taken = self._upsert(
             t,
-            {"key": key, "job_id": job_id, "expires_at": expires},
+            {"key": key, "job_id": job_id, "expires_at": expires, "fingerprint": fingerprint},
             where=sa.and_(t.c.expires_at.is_not(None), t.c.expires_at <= now),
         ).returning(t.c.key)
         with self.engine.begin() as conn:
             if conn.execute(taken).first() is not None:
                 self._record(conn, audit)
                 return None
-            holder = conn.execute(sa.select(t.c.job_id).where(t.c.key == key)).scalar_one()
-        return None if holder == job_id else str(holder)
+            holder, printed = conn.execute(
+                sa.select(t.c.job_id, t.c.fingerprint).where(t.c.key == key)
+            ).one()
+        return None if holder == job_id else Holder(str(holder), printed)
 
     def unreserve(self, key: str, job_id: str) -> None:
         t = self.dedup
@@ -198,6 +235,7 @@ class SQLStore(SQLCoordination):
                 "owner": owner,
                 "lease_until": self._later(lease),
                 "outcome": None,
+                "fingerprint": None,
                 "updated_at": now,
             },
             where=t.c.lease_until < now,
@@ -218,11 +256,11 @@ class SQLStore(SQLCoordination):
                 self._record(conn, audit)
                 return Claim(ClaimStatus.CLAIMED, holder=owner, deliveries=int(count))
             # the upsert locked the live row (PostgreSQL) or we hold the write lock (SQLite)
-            state, holder, outcome = conn.execute(
-                sa.select(t.c.state, t.c.owner, t.c.outcome).where(t.c.key == key)
+            state, holder, outcome, printed = conn.execute(
+                sa.select(t.c.state, t.c.owner, t.c.outcome, t.c.fingerprint).where(t.c.key == key)
             ).one()
         if state == "done":
-            return Claim(ClaimStatus.DONE, holder=holder, outcome=outcome)
+            return Claim(ClaimStatus.DONE, holder=holder, outcome=outcome, fingerprint=printed)
         return Claim(ClaimStatus.HELD, holder=holder)
 
     def renew(self, key: str, owner: str, lease: float) -> bool:
@@ -247,6 +285,7 @@ class SQLStore(SQLCoordination):
         reserved_by: str | None,
         *,
         audit: AuditEvent | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         """Done if the lease is still ours or has expired (the result stands); ``audit``
         is recorded either way, except on a replay (done already, by ``owner``: a retried
@@ -262,6 +301,7 @@ class SQLStore(SQLCoordination):
                 "lease_until": self._later(keep),
                 "outcome": outcome,
                 "updated_at": now,
+                "fingerprint": fingerprint,
             },
             where=sa.or_(
                 sa.and_(t.c.state == "running", t.c.owner == owner), t.c.lease_until < now
@@ -409,4 +449,4 @@ class SQLStore(SQLCoordination):
 
     def close(self) -> None:
         if self._owns_engine:
-            self.engine.dispose()
+            self._engine.dispose()

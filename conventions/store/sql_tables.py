@@ -142,6 +142,30 @@ class SQLTables:
         return self.engine.connect().execution_options(cc_read_only=True)
 
 
+#: columns added after a table's first release: (table suffix, column), added to an
+#: existing table by :func:`add_missing_columns` (nullable, so old rows stay valid)
+ADDED_COLUMNS = (("dedup", "fingerprint"), ("ledger", "fingerprint"))
+
+
+def add_missing_columns(engine: sa.Engine, metadata: sa.MetaData, p: str) -> None:
+    """``ALTER TABLE ... ADD COLUMN`` for each of :data:`ADDED_COLUMNS` a table made by
+    an earlier release lacks (``create_all`` creates missing tables, never columns)."""
+    inspector = sa.inspect(engine)
+    for suffix, name in ADDED_COLUMNS:
+        table = metadata.tables[f"{p}{suffix}"]
+        if name in {column["name"] for column in inspector.get_columns(table.name)}:
+            continue
+        column = table.c[name]
+        kind = column.type.compile(dialect=engine.dialect)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{name}" {kind}')
+        except sa.exc.DBAPIError:  # another process added it first
+            columns = sa.inspect(engine).get_columns(table.name)
+            if name not in {column["name"] for column in columns}:
+                raise
+
+
 def _tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, ...]:
     """The five tables, named ``{p}<name>`` (index names carry the prefix too: PostgreSQL
     index names share the schema's namespace)."""
@@ -152,6 +176,8 @@ def _tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, ...]:
         sa.Column("job_id", sa.String, nullable=False),
         #: null: kept until released
         sa.Column("expires_at", UTCDateTime, nullable=True),
+        #: the payload fingerprint of the reserving job (null: reserved without one)
+        sa.Column("fingerprint", sa.String, nullable=True),
     )
     ledger = sa.Table(
         f"{p}ledger",
@@ -163,6 +189,8 @@ def _tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, ...]:
         sa.Column("lease_until", UTCDateTime, nullable=False),
         sa.Column("outcome", sa.Text, nullable=True),
         sa.Column("updated_at", UTCDateTime, nullable=False),
+        #: done: the payload fingerprint of the run that recorded it
+        sa.Column("fingerprint", sa.String, nullable=True),
     )
     deliveries = sa.Table(
         f"{p}deliveries",

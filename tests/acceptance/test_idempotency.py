@@ -510,7 +510,9 @@ def test_a_job_whose_worker_dies_after_the_commit_is_not_applied_twice(
     assert store_redis.get(support_crash.CRASH_RUNS + event_id) == "2"
     assert store_redis.get(support_crash.FIRST_DELIVERY + event_id) == job.id
     assert worker.output().count(LOST_RUNNING_JOB) == 1
-    ledger = store_redis.hgetall(keys.ledger(f"crash-after-commit:{event_id}"))
+    ledger = store_redis.hgetall(
+        keys.ledger(f"testing.apply_then_crash:crash-after-commit:{event_id}")
+    )
     assert ledger["state"] == "done"
     # ... and the effect happened once
     assert app.AsyncResult(job.id).result == "already applied"
@@ -575,7 +577,7 @@ def test_a_visibility_timeout_redelivery_does_not_run_the_body_twice(
     # the redelivery was deferred while the first run held the key, then skipped: the
     # body ran once and the payment was applied once
     assert store_redis.get(support_crash.SLOW_RUNS + event_id) == "1"
-    ledger = store_redis.hgetall(keys.ledger(f"slow-apply:{event_id}"))
+    ledger = store_redis.hgetall(keys.ledger(f"testing.slow_apply:slow-apply:{event_id}"))
     assert ledger["state"] == "done"
     assert _scalar("SELECT paid_minor FROM orders WHERE id = :id", id=order_id) == amount
     assert (

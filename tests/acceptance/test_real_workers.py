@@ -71,6 +71,6 @@ def test_a_job_killed_by_its_hard_time_limit_is_dead_lettered_and_frees_its_key(
     record = wait_for(lambda: dead_letter_of(first.id), timeout=60, every=0.5)
     assert record.category is Category.BUG
     assert "hard time limit" in record.message
-    assert record.idempotency_key == "stuck:hang_1"
+    assert record.idempotency_key == "testing.stuck:stuck:hang_1"
     again = support_jobs.stuck.delay(call_id="hang_1")  # the reservation was dropped
     assert again.deduplicated is False

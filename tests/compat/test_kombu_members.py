@@ -48,6 +48,11 @@ METHODS: dict[tuple[str, str], str | None] = {
     (f"{KOMBU_REDIS}:Channel", "client"): None,
     (f"{KOMBU_REDIS}:Channel", "pool"): None,
     (f"{KOMBU_REDIS}:Channel", "active_queues"): None,
+    # conventions.broker: no-ack consumers and the envelope check (conventions.envelope)
+    (f"{KOMBU_REDIS}:Channel", "basic_consume"): "(self, queue, *args, **kwargs)",
+    (f"{KOMBU_REDIS}:Channel", "basic_cancel"): "(self, consumer_tag)",
+    (f"{KOMBU_REDIS}:Channel", "decode_body"): "(self, body, encoding=None)",
+    (f"{KOMBU_REDIS}:Channel", "codecs"): None,
     (f"{KOMBU_REDIS}:QoS", "append"): "(self, message, delivery_tag)",
     (f"{KOMBU_REDIS}:QoS", "restore_visible"): "(self, start=0, num=10, interval=10)",
     (f"{KOMBU_VIRTUAL}:QoS", "append"): "(self, message, delivery_tag)",

@@ -26,16 +26,30 @@ def free_port() -> int:
 
 
 class ExporterProcess:
-    """``python -m conventions -A APP metrics serve`` on a free loopback port."""
+    """``python -m conventions -A APP metrics serve`` on a free port.
 
-    def __init__(self, app: str, log: Path, *extra: str) -> None:
+    ``addr``: the ``--addr`` given (None: none, the exporter's default or the app's
+    setting); ``host``: where the scrapes go; ``env``: variables added to the process's.
+    """
+
+    def __init__(
+        self,
+        app: str,
+        log: Path,
+        *extra: str,
+        addr: str | None = "127.0.0.1",
+        host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
+        self.host = host
         self.log = log
         self._out = log.open("wb")
+        bind = ["--addr", addr] if addr is not None else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conventions", "-A", app, "metrics", "serve",
-             "--addr", "127.0.0.1", "--port", str(self.port), "--consumers-every", "1", *extra],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            [sys.executable, "-m", "conventions", "-A", app, "metrics", "serve", *bind,
+             "--port", str(self.port), "--consumers-every", "1", *extra],
+            cwd=ROOT, env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
             stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
@@ -63,7 +77,7 @@ class ExporterProcess:
         self._out.close()
 
     def text(self) -> str:
-        url = f"http://127.0.0.1:{self.port}/metrics"
+        url = f"http://{self.host}:{self.port}/metrics"
         with urllib.request.urlopen(url, timeout=30) as response:
             return str(response.read().decode())
 

@@ -65,10 +65,18 @@ def dead_letter_of(task_id: str) -> DeadLetter | None:
     return None
 
 
-def publish_foreign(producer: Producer, task: str, kwargs: dict[str, Any], queue: str) -> str:
-    """Publish like a foreign producer: raw kombu, Celery protocol 2, none of our headers;
-    returns the task id."""
-    task_id = str(uuid.uuid4())
+def publish_foreign(
+    producer: Producer,
+    task: str,
+    kwargs: dict[str, Any],
+    queue: str,
+    headers: dict[str, Any] | None = None,
+    *,
+    task_id: str | None = None,
+) -> str:
+    """Publish like a foreign producer: raw kombu, Celery protocol 2, none of our headers
+    (or ``headers``, say a forged ``cc_idempotency_key``); returns the task id."""
+    task_id = task_id or str(uuid.uuid4())
     producer.publish(
         [[], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
         exchange=Exchange(queue, type="direct"),
@@ -78,7 +86,7 @@ def publish_foreign(producer: Producer, task: str, kwargs: dict[str, Any], queue
             "lang": "py", "task": task, "id": task_id, "root_id": task_id, "parent_id": None,
             "group": None, "retries": 0, "eta": None, "expires": None,
             "timelimit": [None, None], "argsrepr": "()", "kwargsrepr": repr(kwargs),
-            "origin": "foreign",
+            "origin": "foreign", **(headers or {}),
         },
     )  # fmt: skip
     return task_id
@@ -136,17 +144,19 @@ class SpareRedis:
     """A Redis server of the test's own on a spare port, to stop and start again (a
     store or broker that is really down, never a mock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.port = _free_port()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"],
+             "--appendonly", "no", *auth],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password)
         deadline = time.monotonic() + 10
         while True:
             try:

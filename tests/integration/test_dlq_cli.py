@@ -141,7 +141,9 @@ def test_dlq_list_json_from_a_real_subprocess_shows_the_record() -> None:
     assert listed[record.id]["category"] == "permanent"
     assert listed[record.id]["task"] == "payments.apply_event.v1"
     assert listed[record.id]["payload"] == record.payload
-    assert listed[record.id]["idempotency_key"] == f"payment-event:{record.payload['event_id']}"
+    assert listed[record.id]["idempotency_key"] == (
+        f"payments.apply_event:payment-event:{record.payload['event_id']}"
+    )
 
 
 def test_dlq_show_prints_the_full_record_with_payload_headers_and_traceback(

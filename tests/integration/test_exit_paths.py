@@ -167,7 +167,7 @@ def test_a_retry_that_cannot_be_published_leaves_its_message_to_run_again(
     names = [e.event for e in direct.audit_for(correlation) if e.task_id == handle.id]
     kept = [n for n in names if n in ("started", "retry_failed", "retried", "succeeded")]
     assert kept == ["started", "retry_failed", "started", "retried", "started", "succeeded"]
-    assert not is_reserved(direct, f"exit:{call_id}")
+    assert not is_reserved(direct, f"testing.exit_path:exit:{call_id}")
 
 
 # -- item 2: the store unreachable on an exit path ----------------------------------------
@@ -192,7 +192,7 @@ def test_a_skip_whose_release_fails_is_kept_until_the_store_takes_it(
     restore_once_tried(store_proxy)
     assert handle.get(timeout=60) is None
     assert RUNS[call_id] == [1, 1]  # deferred, not acked: the skip is decided again
-    assert not is_reserved(direct, f"exit:{call_id}")
+    assert not is_reserved(direct, f"testing.exit_path:exit:{call_id}")
 
 
 def test_a_dead_letter_on_a_store_that_went_away_is_written_once_it_is_back(
@@ -204,7 +204,7 @@ def test_a_dead_letter_on_a_store_that_went_away_is_written_once_it_is_back(
     restore_once_tried(store_proxy)
     record = wait_for(lambda: dead_letter(direct, handle.id), timeout=60)
     assert record.category is Category.PERMANENT
-    assert not is_reserved(direct, f"exit:{call_id}")
+    assert not is_reserved(direct, f"testing.exit_path:exit:{call_id}")
 
 
 def test_a_resume_whose_release_fails_still_resumes(store_proxy: CutProxy, call_id: str) -> None:
@@ -236,7 +236,7 @@ def _claimed_before(store: Any, key: str, task_id: str, times: int) -> None:
 def test_a_quarantine_whose_release_fails_is_dead_lettered_once_the_store_is_back(
     store_proxy: CutProxy, direct: RedisStore, call_id: str
 ) -> None:
-    task_id, key = str(uuid.uuid4()), f"exit:{call_id}"
+    task_id, key = str(uuid.uuid4()), f"testing.exit_path:exit:{call_id}"
     SCRIPT[call_id] = [done]
     _claimed_before(direct, key, task_id, app.conventions_settings.max_deliveries)
     store_proxy.cut_after(f"{task_id}:0".encode())  # right after the claim
@@ -251,7 +251,7 @@ def test_a_quarantine_whose_release_fails_is_dead_lettered_once_the_store_is_bac
 def test_a_done_key_whose_unreserve_fails_is_kept_until_the_store_takes_it(
     store_proxy: CutProxy, direct: RedisStore, call_id: str
 ) -> None:
-    task_id, key = str(uuid.uuid4()), f"exit:{call_id}"
+    task_id, key = str(uuid.uuid4()), f"testing.exit_path:exit:{call_id}"
     SCRIPT[call_id] = [done]
     direct.claim(key, "earlier", 30, "earlier:0")
     direct.complete(key, "earlier", "succeeded", 600, None)
@@ -306,9 +306,9 @@ def test_a_riding_success_write_that_meets_a_lost_server_is_written_once_it_is_b
     handle = exit_riding.delay(call_id=call_id)
     restore_once_tried(riding_proxy, tries=2)
     assert handle.get(timeout=60) == "done"  # read from the backend directly
-    claim = direct.claim(f"riding:{call_id}", "probe", 1, "probe:0")
+    claim = direct.claim(f"testing.exit_riding:riding:{call_id}", "probe", 1, "probe:0")
     assert claim.status is ClaimStatus.DONE
-    assert not is_reserved(direct, f"riding:{call_id}")
+    assert not is_reserved(direct, f"testing.exit_riding:riding:{call_id}")
     assert RUNS[call_id] == [1]
 
 
@@ -330,9 +330,9 @@ def test_a_riding_success_write_refused_past_its_deadline_leaves_a_copy_of_the_j
     riding_proxy.restore()
     assert wait_for(lambda: RUNS[call_id] == [1, 1] and direct_state(handle.id) == "SUCCESS")
     assert app.AsyncResult(handle.id).get(timeout=10) == "done"
-    claim = direct.claim(f"riding:{call_id}", "probe", 1, "probe:0")
+    claim = direct.claim(f"testing.exit_riding:riding:{call_id}", "probe", 1, "probe:0")
     assert claim.status is ClaimStatus.DONE
-    assert not is_reserved(direct, f"riding:{call_id}")
+    assert not is_reserved(direct, f"testing.exit_riding:riding:{call_id}")
 
 
 def direct_state(task_id: str) -> str:
@@ -376,8 +376,11 @@ def test_a_job_that_ran_while_the_sql_store_went_away_is_recorded_done_once_it_i
     handle = exit_path.delay(call_id=call_id)
     restore_once_tried(proxy, tries=2)
     assert handle.get(timeout=60) == "done"
-    assert reader.claim(f"exit:{call_id}", "probe", 1, "probe:0").status is ClaimStatus.DONE
-    assert not is_reserved(reader, f"exit:{call_id}")
+    assert (
+        reader.claim(f"testing.exit_path:exit:{call_id}", "probe", 1, "probe:0").status
+        is ClaimStatus.DONE
+    )
+    assert not is_reserved(reader, f"testing.exit_path:exit:{call_id}")
     assert RUNS[call_id] == [1]
 
 
@@ -399,5 +402,8 @@ def test_a_completion_the_sql_store_never_takes_gives_the_message_back_and_runs_
     proxy.restore()
     assert handle.get(timeout=60) == "done"
     assert RUNS[call_id] == [1, 1]  # at least once: the body ran again
-    assert reader.claim(f"exit:{call_id}", "probe", 1, "probe:0").status is ClaimStatus.DONE
-    assert not is_reserved(reader, f"exit:{call_id}")
+    assert (
+        reader.claim(f"testing.exit_path:exit:{call_id}", "probe", 1, "probe:0").status
+        is ClaimStatus.DONE
+    )
+    assert not is_reserved(reader, f"testing.exit_path:exit:{call_id}")

@@ -71,7 +71,7 @@ def test_a_404_is_dead_lettered_as_permanent_after_one_attempt(
     assert record.category is Category.PERMANENT
     assert record.attempts == 1
     assert len(provider.seen["c404"]) == 1
-    assert record.idempotency_key == "charge:c404"
+    assert record.idempotency_key == "testing.charge:charge:c404"
 
 
 def test_a_type_error_is_dead_lettered_as_a_bug_with_its_traceback() -> None:

@@ -46,7 +46,9 @@ def test_a_delay_reserves_and_pushes_in_one_script(
     assert {"SET", "RPUSH", "LPUSH"} <= set(monitor.scripted(order_id))
     # what the two-step path would have left: the reservation, the audit event, the job
     assert broker_redis.llen("email") == before + 1
-    assert app.store.reserve(f"receipt:{order_id}", "someone-else", 60) == handle.id
+    assert (
+        app.store.reserve(f"email.send_receipt:receipt:{order_id}", "someone-else", 60) == handle.id
+    )
     assert [e.event for e in app.store.audit_for(correlation)] == ["published"]
 
 

@@ -70,7 +70,7 @@ def _round_trip(job: ConventionTask, store_redis: redis.Redis, **options: Any) -
     correlation = f"corr-{call_id}"
     with bind(correlation_id=correlation):
         first = job.apply_async(kwargs={"call_id": call_id}, **options)
-    assert _held_by(store_redis, f"echo:{call_id}") == first.id
+    assert _held_by(store_redis, f"testing.echo:echo:{call_id}") == first.id
     assert [e.event for e in app.store.audit_for(correlation)] == ["published"]
     assert first.get(timeout=60)["call_id"] == call_id
     again = job.apply_async(kwargs={"call_id": call_id}, **options)

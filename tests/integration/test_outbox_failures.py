@@ -71,7 +71,9 @@ def test_a_row_deduplicated_against_a_holder_that_will_never_run_it_is_published
 ) -> None:
     order_id = f"ord_of_{fate.__name__.strip('_')}"
     holder = f"gone-{order_id}"
-    assert app.store.reserve(f"receipt:{order_id}", holder, RESERVATION_TTL) is None
+    assert (
+        app.store.reserve(f"email.send_receipt:receipt:{order_id}", holder, RESERVATION_TTL) is None
+    )
     fate(holder)
     task_id = _add(order_id)
 
@@ -93,7 +95,10 @@ def test_a_row_deduplicated_against_a_holder_that_succeeded_is_published_without
     wait_for(lambda: ob.receipts_sent(order_id)[order_id] == 1)
     wait_for(lambda: first.state == "SUCCESS")
     # its reservation outlived it (a release that never reached the store)
-    assert app.store.reserve(f"receipt:{order_id}", first.id, RESERVATION_TTL) is None
+    assert (
+        app.store.reserve(f"email.send_receipt:receipt:{order_id}", first.id, RESERVATION_TTL)
+        is None
+    )
     with db.transaction() as session:
         task_id = outbox.add(session, send_receipt, order_id=order_id)
 

@@ -67,11 +67,11 @@ def test_a_revoked_job_gives_its_key_back(
     correlation = f"corr-{call_id}"
     with bind(correlation_id=correlation):
         waiting = echo.apply_async(kwargs={"call_id": call_id}, countdown=3)
-    assert _held_by(store_redis, f"echo:{call_id}") == waiting.id
+    assert _held_by(store_redis, f"testing.echo:echo:{call_id}") == waiting.id
     app.control.revoke(waiting.id)
     revoked = wait_for(lambda: _event(correlation, "revoked", waiting.id), timeout=30)
     assert revoked.idempotency_key == f"echo:{call_id}"
-    assert _held_by(store_redis, f"echo:{call_id}") is None
+    assert _held_by(store_redis, f"testing.echo:echo:{call_id}") is None
     _publishes_again(call_id)
 
 
@@ -85,7 +85,7 @@ def test_a_job_expired_on_receipt_gives_its_key_back(
         )
     expired = wait_for(lambda: _event(correlation, "expired", stale.id), timeout=30)
     assert expired.detail.get("expired") is True
-    assert _held_by(store_redis, f"echo:{call_id}") is None
+    assert _held_by(store_redis, f"testing.echo:echo:{call_id}") is None
     _publishes_again(call_id)
 
 
@@ -95,7 +95,7 @@ def test_a_message_without_our_headers_is_released_by_the_key_of_its_kwargs(
     """A message from an older producer carries no key header: the key is computed from
     its kwargs and the task's template."""
     task_id = str(uuid.uuid4())
-    assert app.store.reserve(f"echo:{call_id}", task_id, 600) is None
+    assert app.store.reserve(f"testing.echo:echo:{call_id}", task_id, 600) is None
     with app.producer_or_acquire() as producer:
         producer.publish(
             [[], {"call_id": call_id}, {"callbacks": None, "errbacks": None, "chain": None,
@@ -106,7 +106,7 @@ def test_a_message_without_our_headers_is_released_by_the_key_of_its_kwargs(
                      "expires": (utcnow() - timedelta(seconds=1)).isoformat(),
                      "timelimit": [None, None], "argsrepr": "()", "kwargsrepr": "{}"},
         )  # fmt: skip
-    wait_for(lambda: _held_by(store_redis, f"echo:{call_id}") is None, timeout=30)
+    wait_for(lambda: _held_by(store_redis, f"testing.echo:echo:{call_id}") is None, timeout=30)
     _publishes_again(call_id)
 
 
@@ -131,7 +131,7 @@ def test_a_revoke_never_drops_a_reservation_another_job_holds(
                      context.CORRELATION: f"corr-stale-{call_id}"},
         )  # fmt: skip
     wait_for(lambda: _event(f"corr-stale-{call_id}", "expired", stale_id), timeout=30)
-    assert _held_by(store_redis, f"echo:{call_id}") == holder.id
+    assert _held_by(store_redis, f"testing.echo:echo:{call_id}") == holder.id
     app.control.revoke(holder.id)  # and leave nothing behind for the next test
     wait_for(lambda: _event(f"corr-{call_id}", "revoked", holder.id), timeout=30)
 

@@ -41,7 +41,9 @@ def events(correlation: str) -> list[str]:
 
 
 def is_done(key: str) -> bool:
-    """The ledger's answer, read by a claim that cannot take a finished key."""
+    """The ledger's answer, read by a claim that cannot take a finished key (``key`` of
+    a ``testing.*`` job, namespaced here as the store keeps it)."""
+    key = f"testing.{key.partition(':')[0]}:{key}"
     claim = app.store.claim(key, "probe", 1, f"probe-{uuid.uuid4().hex}")
     assert claim.status is not ClaimStatus.CLAIMED, f"{key} was free"
     return claim.status is ClaimStatus.DONE

@@ -18,11 +18,17 @@ from tasks import app
 from tests.acceptance import support_schedules as support
 from tests.integration.helpers import wait_for
 
-pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
+pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker", "ticking")
 
 ENTRY = support.TWO_BEATS[0]  # tick, every minute, testing.sched_tick.v1
 #: the old send's first step: ``sent:<key>`` reserved for 3 days, before the publish
 OLD_SENT_KEEP = 3 * 86400.0
+
+
+@pytest.fixture
+def ticking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's app knows the entry (a beat key is honoured for its entries only)."""
+    monkeypatch.setitem(app.conf, "conventions_schedule", support.TWO_BEATS)
 
 
 def _events(occurrence: Occurrence) -> Counter[str]:

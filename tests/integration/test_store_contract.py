@@ -595,3 +595,68 @@ def test_open_store_names_the_accepted_schemes_for_anything_else() -> None:
         open_store("mysql://root@localhost/app")
     with pytest.raises(ValueError, match="unsupported store URL"):
         open_store("127.0.0.1:6379")
+
+
+# -- payload fingerprints (one key, one payload) ------------------------------------------
+
+
+def test_a_held_reservation_answers_its_holder_with_the_fingerprint_it_was_taken_with(
+    store: Store,
+) -> None:
+    assert store.reserve("order:1", "job-a", LONG, fingerprint="v1:aaaa") is None
+    holder = store.reserve("order:1", "job-b", LONG, fingerprint="v1:bbbb")
+    assert holder == "job-a"
+    assert getattr(holder, "fingerprint", None) == "v1:aaaa"
+
+
+def test_a_reservation_taken_again_after_its_release_forgets_the_old_fingerprint(
+    store: Store,
+) -> None:
+    store.reserve("order:1", "job-a", None, fingerprint="v1:aaaa")
+    store.unreserve("order:1", "job-a")
+    assert store.reserve("order:1", "job-b", None) is None  # a publisher without one
+    holder = store.reserve("order:1", "job-c", None, fingerprint="v1:cccc")
+    assert holder == "job-b" and getattr(holder, "fingerprint", "x") is None
+
+
+def test_a_claim_of_a_done_key_answers_the_fingerprint_recorded_with_done(store: Store) -> None:
+    store.reserve("charge:1", "job-a", LONG, fingerprint="v1:aaaa")
+    store.claim("charge:1", "exec-a", LONG, "job-a:0")
+    store.complete("charge:1", "exec-a", "succeeded", LONG, "job-a", fingerprint="v1:aaaa")
+    claim = store.claim("charge:1", "exec-b", LONG, "job-b:0")
+    assert (claim.status, claim.fingerprint) == (ClaimStatus.DONE, "v1:aaaa")
+    assert store.reserve("charge:1", "job-b", LONG, fingerprint="v1:bbbb") is None  # released
+
+
+def test_a_key_done_without_a_fingerprint_answers_none(store: Store) -> None:
+    store.claim("charge:1", "exec-a", LONG, "job-a:0")
+    store.complete("charge:1", "exec-a", "succeeded", LONG, None)
+    assert store.claim("charge:1", "exec-b", LONG, "job-b:0").fingerprint is None
+
+
+def test_an_sql_store_of_an_earlier_release_gains_the_fingerprint_columns(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = make_engine(url)
+    with engine.begin() as conn:  # the two tables as the release before kept them
+        conn.exec_driver_sql(
+            "CREATE TABLE cc_dedup (key VARCHAR PRIMARY KEY, job_id VARCHAR NOT NULL, "
+            "expires_at DATETIME)"
+        )
+        conn.exec_driver_sql(
+            "CREATE TABLE cc_ledger (key VARCHAR PRIMARY KEY, state VARCHAR(16) NOT NULL, "
+            "owner VARCHAR NOT NULL, lease_until DATETIME NOT NULL, outcome TEXT, "
+            "updated_at DATETIME NOT NULL)"
+        )
+        conn.exec_driver_sql("INSERT INTO cc_dedup VALUES ('old:1', 'job-old', NULL)")
+    store = SQLStore(engine)
+    try:
+        holder = store.reserve("old:1", "job-new", LONG, fingerprint="v1:aaaa")
+        assert holder == "job-old" and getattr(holder, "fingerprint", "x") is None
+        store.claim("new:1", "exec", LONG, "d:0")
+        store.complete("new:1", "exec", "succeeded", LONG, None, fingerprint="v1:aaaa")
+        assert store.claim("new:1", "exec-2", LONG, "d2:0").fingerprint == "v1:aaaa"
+    finally:
+        store.close()
+        engine.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 from types import SimpleNamespace
 
 from conventions.consumer import MAX_RAW_BODY, raw_body
@@ -18,6 +19,8 @@ def test_a_utf8_body_is_kept_as_text_with_its_content_type() -> None:
         "content_type": "application/json",
         "content_encoding": "utf-8",
         "size": 21,
+        "sha256": hashlib.sha256(b'{"event_id": evt_0001').hexdigest(),
+        "kept_bytes": MAX_RAW_BODY,
         "truncated": False,
         "raw_body": '{"event_id": evt_0001',
     }

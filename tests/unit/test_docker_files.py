@@ -212,6 +212,16 @@ def test_flower_is_behind_basic_auth() -> None:
     assert "FLOWER_PASSWORD" in (command + auth)
 
 
+def test_the_exporter_listens_on_the_compose_network_only_and_publishes_no_host_port() -> None:
+    # the exporter binds loopback by default (/metrics has no auth): in its container,
+    # Prometheus reaches it only if it binds every interface, which it must say explicitly
+    exporter = services()["exporter"]
+    args = argv(exporter["command"])
+    assert args[:3] == ["conventions", "metrics", "serve"]
+    assert option(args, "--addr") == "0.0.0.0"
+    assert not exporter.get("ports"), "/metrics has no auth: publish no host port"
+
+
 # -- Dockerfile --------------------------------------------------------------------------
 
 

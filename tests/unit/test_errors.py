@@ -13,6 +13,7 @@ from conventions.errors import (
     ConfigurationError,
     ConventionsError,
     JobOutcome,
+    KeyConflict,
     LayerError,
     LockBusy,
     PayloadError,
@@ -37,6 +38,7 @@ ALL = [
     LayerError,
     ConfigurationError,
     PayloadError,
+    KeyConflict,
     QueueOverCapacity,
 ]
 

@@ -1,0 +1,170 @@
+"""The Lua scripts of the Redis store's enqueue dedup and execution ledger.
+
+Each is one atomic step, registered once by :class:`~conventions.store.redis.RedisStore`
+and run by ``EVALSHA``. A script that records an audit event ends its KEYS and ARGV with
+the audit parts (``RedisRecords._audit_parts``), which ``record_audit()`` reads from the
+end, so the leading KEYS and ARGV are the script's own (documented above each one).
+Key names are in :mod:`conventions.keys`.
+"""
+
+from __future__ import annotations
+
+from conventions.store.redis_records import AUDIT
+
+#: Defines ``take_reservation(print_key, fingerprint)``: the dedup key KEYS[1] for job
+#: ARGV[1] (ttl ms ARGV[2], or '' for none), its payload fingerprint in ``print_key``
+#: (same ttl). Returns {the other job holding it, its fingerprint or ''}, or false when
+#: it is this job's (taken now, with the audit event recorded, or already).
+_TAKE_RESERVATION = """
+local function take_reservation(print_key, fingerprint)
+  local holder = redis.call('GET', KEYS[1])
+  if holder then
+    if holder == ARGV[1] then return false end
+    return {holder, redis.call('GET', print_key) or ''}
+  end
+  if ARGV[2] == '' then
+    redis.call('SET', KEYS[1], ARGV[1])
+  else
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  end
+  if fingerprint == '' then
+    redis.call('DEL', print_key)
+  elseif ARGV[2] == '' then
+    redis.call('SET', print_key, fingerprint)
+  else
+    redis.call('SET', print_key, fingerprint, 'PX', ARGV[2])
+  end
+  record_audit()
+  return false
+end
+"""
+
+#: KEYS: dedup, print, audit keys. ARGV: job id, ttl ms or '', fingerprint or '', audit
+#: args. Returns {holder, its fingerprint}, or false when the reservation is ours (the
+#: audit event is recorded only when this call made the reservation).
+RESERVE = AUDIT + _TAKE_RESERVATION + "return take_reservation(KEYS[2], ARGV[3])\n"
+
+#: KEYS: dedup, print. ARGV: job id. Drops the reservation and its fingerprint when the
+#: job still holds it.
+UNRESERVE_ONE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1], KEYS[2]) end
+return 0
+"""
+
+#: The publish in one round trip (:mod:`conventions.onetrip`), run on the broker's
+#: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
+#: audit event; then, in the broker's, kombu's ``LPUSH`` of the message (``SELECT`` only
+#: when the two databases differ, so a server that refuses it works with one database).
+#: KEYS: dedup, the queue's list, print, audit keys. ARGV: job id, ttl ms or '', reserve
+#: ('1' or '0'), store db, broker db, message, fingerprint or '', audit args. Returns
+#: {holder, its fingerprint} (nothing pushed) or false.
+RESERVE_PUSH = (
+    AUDIT
+    + _TAKE_RESERVATION
+    + """
+local other_db = ARGV[4] ~= ARGV[5]
+if other_db then redis.call('SELECT', ARGV[4]) end
+local holder = false
+if ARGV[3] == '1' then holder = take_reservation(KEYS[3], ARGV[7]) else record_audit() end
+if other_db then redis.call('SELECT', ARGV[5]) end
+if holder then return holder end
+redis.call('LPUSH', KEYS[2], ARGV[6])
+return false
+"""
+)
+
+#: KEYS: ledger, deliveries, audit keys. ARGV: owner, lease ms, delivery ttl
+#: ms, audit args. Returns {status, holder, outcome, deliveries, fingerprint}; the audit
+#: event is recorded only on a claim.
+CLAIM = (
+    AUDIT
+    + """
+local entry = redis.call('HMGET', KEYS[1], 'state', 'owner', 'outcome', 'print')
+if entry[1] == 'done' then
+  return {'done', entry[2], entry[3], 0, entry[4]}
+end
+if entry[1] == 'running' then
+  return {'held', entry[2], false, 0}
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local count = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+record_audit()
+return {'claimed', ARGV[1], false, count}
+"""
+)
+
+#: KEYS: ledger. ARGV: owner, lease ms. Returns 1 when the lease was ours and extended.
+RENEW = """
+local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if entry[1] == 'running' and entry[2] == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+#: Drops the enqueue reservation KEYS[2] (and its fingerprint KEYS[3]) when ARGV[4] is
+#: '1' and it holds ARGV[5].
+_UNRESERVE = """
+if ARGV[4] == '1' and redis.call('GET', KEYS[2]) == ARGV[5] then
+  redis.call('DEL', KEYS[2], KEYS[3])
+end
+"""
+
+#: KEYS: ledger, dedup, print, audit keys. ARGV: owner, outcome, keep ms, has
+#: reservation, reserved_by, fingerprint or '', audit args. Records done (with the
+#: fingerprint) when the lease is still ours or the entry vanished (our lease expired but
+#: the body finished: the result stands); the audit event is recorded either way, except
+#: on a replay (done already, by this owner: a retried write whose first reply was
+#: lost). Returns 1 when done was recorded.
+COMPLETE = (
+    AUDIT
+    + """
+local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if entry[1] == 'done' and entry[2] == ARGV[1] then return 0 end  -- a replay: done already
+local recorded = 0
+if entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'state', 'done', 'owner', ARGV[1], 'outcome', ARGV[2])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'print', ARGV[6]) end
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  recorded = 1
+end
+"""
+    + _UNRESERVE
+    + "record_audit()\nreturn recorded\n"
+)
+
+#: KEYS: ledger, dedup, print. ARGV: owner, (unused), (unused), has reservation,
+#: reserved_by.
+RELEASE = (
+    """
+local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
+local released = 0
+if entry[1] == 'running' and entry[2] == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  released = 1
+end
+"""
+    + _UNRESERVE
+    + "return released\n"
+)
+
+
+#: KEYS: dedup, ledger, print, audit keys. ARGV: audit args. Drops them, records the
+#: audit event; returns {holder, its pttl, state, owner, outcome, the entry's pttl}.
+CLEAR_KEY = (
+    AUDIT
+    + """
+local holder = redis.call('GET', KEYS[1])
+local reserved_ms = redis.call('PTTL', KEYS[1])
+local entry = redis.call('HMGET', KEYS[2], 'state', 'owner', 'outcome')
+local entry_ms = redis.call('PTTL', KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+record_audit()
+return {holder, reserved_ms, entry[1], entry[2], entry[3], entry_ms}
+"""
+)
