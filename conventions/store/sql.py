@@ -15,33 +15,28 @@ the same key replaces them, and retention deletes the rest in bounded batches
 (:meth:`~conventions.store.sql_tables.SQLTables.purge_expired`), as Redis would expire
 them by TTL.
 
-The store is one class in parts: this module holds the dedup, ledger, dead-letter and audit
-statements, :mod:`conventions.store.sql_coordination` the leases, token buckets and state
-records, and :mod:`conventions.store.sql_tables` the tables and the helpers every part uses.
+The store is one class in parts: this module holds the dedup and ledger statements,
+:mod:`conventions.store.sql_records` the dead letters and the audit trail,
+:mod:`conventions.store.sql_coordination` the leases, token buckets and state records, and
+:mod:`conventions.store.sql_tables` the tables and the helpers every part uses.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.dialects import postgresql, sqlite
 
-from conventions import counts
 from conventions.records import (
     AuditEvent,
-    Category,
     Claim,
     ClaimStatus,
-    DeadLetter,
     Holder,
 )
 from conventions.store.base import KeyState
-from conventions.store.sql_coordination import SQLCoordination
+from conventions.store.sql_records import SQLRecords
 from conventions.store.sql_tables import (
     UTCDateTime,
     _bucket_table,
@@ -80,7 +75,7 @@ def make_engine(url: str) -> sa.Engine:
     return engine
 
 
-class SQLStore(SQLCoordination):
+class SQLStore(SQLRecords):
     """The :class:`~conventions.store.base.Store` contract on PostgreSQL or SQLite.
 
     Thread-safe (the engine's pool gives each call its own connection). The tables are
@@ -330,122 +325,6 @@ class SQLStore(SQLCoordination):
         if reserved_by is not None:
             t = self.dedup
             conn.execute(sa.delete(t).where(t.c.key == key, t.c.job_id == reserved_by))
-
-    # -- dead letters --------------------------------------------------------------------
-    def put_dead_letter(self, record: DeadLetter) -> None:
-        stored = self._upsert(
-            self.dead_letters,
-            {
-                "id": record.id,
-                "task": record.task,
-                "task_id": record.task_id,
-                "category": str(record.category),
-                "last_failed_at": record.last_failed_at,
-                "data": json.dumps(record.to_dict()),
-            },
-            where=None,
-        )
-        with self.engine.begin() as conn:
-            conn.execute(stored)
-
-    def get_dead_letter(self, record_id: str) -> DeadLetter | None:
-        t = self.dead_letters
-        with self._read() as conn:
-            data = conn.execute(sa.select(t.c.data).where(t.c.id == record_id)).scalar()
-        return None if data is None else DeadLetter.from_dict(json.loads(data))
-
-    def list_dead_letters(
-        self,
-        task: str | None = None,
-        category: Category | None = None,
-        since: datetime | None = None,
-        limit: int = 100,
-    ) -> list[DeadLetter]:
-        """Newest first (ties by id, descending), served by the time indexes."""
-        if limit <= 0:
-            return []
-        t = self.dead_letters
-        query = sa.select(t.c.data).order_by(t.c.last_failed_at.desc(), t.c.id.desc())
-        if task is not None:
-            query = query.where(t.c.task == task)
-        if category is not None:
-            query = query.where(t.c.category == str(category))
-        if since is not None:
-            query = query.where(t.c.last_failed_at >= since)
-        with self._read() as conn:
-            rows = conn.execute(query.limit(limit)).scalars().all()
-        return [DeadLetter.from_dict(json.loads(data)) for data in rows]
-
-    def count_dead_letters(self) -> int:
-        with self._read() as conn:
-            return int(
-                conn.execute(sa.select(sa.func.count()).select_from(self.dead_letters)).scalar_one()
-            )
-
-    def delete_dead_letter(self, record_id: str) -> bool:
-        t = self.dead_letters
-        with self.engine.begin() as conn:
-            return conn.execute(sa.delete(t).where(t.c.id == record_id)).rowcount == 1
-
-    def purge_dead_letters(self, older_than: datetime) -> int:
-        """In bounded batches, like every purge of this store."""
-        t = self.dead_letters
-        return self._delete_batches(t, t.c.last_failed_at < older_than)
-
-    # -- audit trail ---------------------------------------------------------------------
-    def add_audit(self, event: AuditEvent) -> None:
-        with self.engine.begin() as conn:
-            self._record(conn, event)
-
-    def _record(self, conn: sa.Connection, event: AuditEvent | None) -> None:
-        if event is not None:
-            row = {
-                "correlation_id": event.correlation_id,
-                "at": event.at,
-                "data": json.dumps(event.to_dict()),
-            }
-            conn.execute(sa.insert(self.audit).values(row))
-            self._count(conn, event)
-
-    def _count(self, conn: sa.Connection, event: AuditEvent) -> None:
-        """Move the event's counters in the caller's transaction: one multi-row upsert, rows
-        in a fixed order (two transactions lock shared counter rows in the same order)."""
-        t = self.counts
-        rows = [{"name": n, "value": v} for n, v in sorted(counts.fields(event).items())]
-        insert = (postgresql.insert if self._postgres else sqlite.insert)(t).values(rows)
-        conn.execute(
-            insert.on_conflict_do_update(
-                index_elements=[t.c.name], set_={"value": t.c.value + insert.excluded.value}
-            )
-        )
-
-    def counters(self) -> dict[tuple[str, str], int]:
-        """Every counter the audit events moved."""
-        t = self.counts
-        with self._read() as conn:
-            rows = conn.execute(sa.select(t.c.name, t.c.value)).all()
-        return {counts.split(name): int(value) for name, value in rows}
-
-    def audit_for(self, correlation_id: str) -> list[AuditEvent]:
-        """In event time order (insertion order among equal times)."""
-        t = self.audit
-        query = (
-            sa.select(t.c.data).where(t.c.correlation_id == correlation_id).order_by(t.c.at, t.c.id)
-        )
-        with self._read() as conn:
-            rows = conn.execute(query).scalars().all()
-        return [AuditEvent.from_dict(json.loads(data)) for data in rows]
-
-    def purge_audit(self, older_than: datetime) -> int:
-        """Drops whole trails whose last event is before ``older_than``; counts events.
-
-        Same rule as the Redis store: a trail with one recent event is kept whole.
-        """
-        t = self.audit
-        recent = sa.select(t.c.correlation_id).where(t.c.at >= older_than)
-        return self._delete_batches(
-            t, sa.and_(t.c.at < older_than, t.c.correlation_id.not_in(recent))
-        )
 
     def close(self) -> None:
         if self._owns_engine:
