@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(env)  # this process imports tasks with the same settings
     sys.path.insert(0, str(where.ROOT))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
+    # Ctrl-C stops the demo even when it was started with SIGINT ignored (a background
+    # job of a non-interactive shell, `nohup`): Python keeps an inherited SIG_IGN
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     fleet = Fleet(where.DATA, env, where.ROOT)
     try:
