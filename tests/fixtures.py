@@ -167,9 +167,11 @@ class WorkerProcess:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30, signalled: bool = False) -> None:
+        """Send ``sig`` (unless ``signalled``: already sent) and wait for the exit."""
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if not signalled:
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -200,5 +202,9 @@ def worker_process(services: None, tmp_path: Path) -> Iterator[Callable[..., Wor
         return worker
 
     yield start
+    # every worker's warm shutdown at once, then one wait each
+    running = [worker for worker in started if worker.proc.poll() is None]
+    for worker in running:
+        worker.proc.send_signal(signal.SIGTERM)
     for worker in started:
-        worker.stop()
+        worker.stop(signalled=worker in running)
