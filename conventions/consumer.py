@@ -150,7 +150,8 @@ def record(
     delivery = message.delivery_info or {}
     record_id = uuid.uuid4().hex
     # a message with no correlation id of ours gets one here, as at any other receipt
-    correlation = str(headers.get(context.CORRELATION) or record_id)[:200]
+    correlation = context.read_header(context.CORRELATION, headers.get(context.CORRELATION))
+    correlation = str(correlation or record_id)  # junk is left out (``context.read_header``)
     dead = DeadLetter(
         id=record_id,
         task=str(headers.get("task") or "")[:200],
@@ -158,7 +159,9 @@ def record(
         category=category,
         payload=raw_body(message) if payload is None else payload,
         headers=capped_headers(headers),
-        idempotency_key=headers.get(context.IDEMPOTENCY_KEY),
+        idempotency_key=context.read_header(
+            context.IDEMPOTENCY_KEY, headers.get(context.IDEMPOTENCY_KEY)
+        ),
         exc_type=type(exc).__qualname__ if exc is not None else exc_type,
         message=scrub(reason, MAX_MESSAGE),
         traceback=scrub(trace, MAX_TRACEBACK),
@@ -177,7 +180,7 @@ def record(
         logger.exception("could not keep a message the worker cannot run (%s)", reason)
         return None
     # the audit event moves the dead-letter counter of the metrics, as for a job's
-    traced = {**headers, context.CORRELATION: correlation}
+    traced = {**context.read_headers(headers)[0], context.CORRELATION: correlation}
     audit.record(
         store, "dead_lettered", dead.task, dead.task_id, traced,
         detail={"category": str(category), "dead_letter_id": dead.id, "reason": dead.message},

@@ -20,6 +20,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from conventions import broker
 from tests.conftest import BROKER_DB, REDIS_BASE
+from tests.integration.helpers import wait_for
 
 URL = f"{REDIS_BASE}/{BROKER_DB}"
 OPTIONS = {"priority_steps": [0], "inbox_timeout": 2, "fetch_wait": 0.05}
@@ -86,7 +87,9 @@ def test_a_dead_consumers_inbox_goes_back_to_the_head_of_its_queue(
 
     assert channel.give_back_dead_inboxes() == 0  # still alive: left alone
     assert (client.llen(inbox), broker.in_inboxes(client) >= 1) == (1, True)
-    time.sleep(0.4)
+    consumer = inbox.removeprefix(broker.INBOX.split("{", 1)[0]).split(":", 1)[0]
+    alive = broker.ALIVE.format(consumer=consumer)
+    wait_for(lambda: client.exists(alive) == 0 or None, timeout=5, every=0.05)  # it expired
     assert channel.give_back_dead_inboxes() == 1
     # emptied, still known: a fetch of its consumer may still be under way
     assert (client.llen(inbox), client.hexists(broker.INBOXES, inbox)) == (0, True)

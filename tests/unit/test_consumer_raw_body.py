@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from pathlib import Path
 from types import SimpleNamespace
 
-from conventions.consumer import MAX_RAW_BODY, raw_body
+from conventions import context
+from conventions.consumer import MAX_RAW_BODY, raw_body, record
+from conventions.records import Category
+from conventions.store.sql import SQLStore
 
 
 def _message(body: bytes) -> SimpleNamespace:
@@ -44,3 +48,28 @@ def test_personal_data_in_a_text_body_is_scrubbed() -> None:
     kept = raw_body(_message(b'{"email": "ann@example.com"}'))
     assert "ann@example.com" not in kept["raw_body"]
     assert "<email>" in kept["raw_body"]
+
+
+def test_a_record_of_an_unrunnable_message_reads_our_headers_by_type(tmp_path: Path) -> None:
+    """Junk in our headers (a nested correlation id, a list as the key) is left out of the
+    record's fields, never taken as its correlation or key; the raw headers stay."""
+    store = SQLStore(f"sqlite:///{tmp_path / 'store.db'}")
+    consumer = SimpleNamespace(app=SimpleNamespace(store=store), hostname="w1@test")
+    junk = {
+        "task": "payments.apply_event.v1",
+        "id": "job-1",
+        context.CORRELATION: {"nested": "someone@example.com"},
+        context.IDEMPOTENCY_KEY: ["payment-event:evt_1"],
+        context.CAUSATION: {"job": "x"},
+    }
+    message = SimpleNamespace(
+        body=b"{not json", content_type="application/json", content_encoding="utf-8",
+        headers=junk, delivery_info={"routing_key": "email"},
+    )  # fmt: skip
+    dead = record(consumer, message, Category.UNPARSEABLE, "cannot decode the body", None)
+    assert dead is not None
+    assert (dead.idempotency_key, dead.correlation_id == dead.id) == (None, True)
+    trail = store.audit_for(dead.id)
+    assert [e.event for e in trail] == ["dead_lettered"]
+    assert trail[0].causation_id is None
+    store.close()
