@@ -62,6 +62,9 @@ METHODS: dict[tuple[str, str], str | None] = {
     ("kombu.utils.scheduling:round_robin_cycle", "rotate"): "(self, last_used)",
     # conventions.results
     (CELERY_REDIS, "_set_with_state"): "(self, key, value, state)",
+    (CELERY_REDIS, "_store_result"): (
+        "(self, task_id, result, state, traceback=None, request=None, **kwargs)"
+    ),
     (CELERY_REDIS, "get_key_for_task"): "(self, task_id, key='')",
     (CELERY_REDIS, "_MAX_STR_VALUE_SIZE"): None,
     ("celery._state", "get_current_task"): "()",
