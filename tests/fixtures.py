@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -208,3 +209,24 @@ def worker_process(services: None, tmp_path: Path) -> Iterator[Callable[..., Wor
         worker.proc.send_signal(signal.SIGTERM)
     for worker in started:
         worker.stop(signalled=worker in running)
+
+
+@pytest.fixture
+def spare_store() -> Iterator[Any]:
+    """The app's store on a Redis server of the test's own, to stop and start (the
+    machine's Redis, the broker, is untouched)."""
+    from conventions.store.redis import RedisStore
+    from tasks import app
+    from tests.integration.helpers import SpareRedis
+
+    if shutil.which("redis-server") is None:
+        unavailable("redis-server (a store of the test's own)", FileNotFoundError("redis-server"))
+    spare = SpareRedis()
+    spare.start()
+    store = RedisStore(f"redis://127.0.0.1:{spare.port}/0")
+    previous = app.__dict__.get("_cc_store")
+    app.__dict__["_cc_store"] = store
+    yield spare
+    app.__dict__["_cc_store"] = previous
+    spare.stop()
+    store.close()

@@ -35,8 +35,7 @@ from tasks import app, db
 from tasks.receipts import send_receipt
 from tests.fixtures import WorkerProcess, unavailable
 from tests.integration import support_outbox as ob
-from tests.integration.helpers import wait_for
-from tests.integration.test_store_outage import SpareRedis
+from tests.integration.helpers import SpareRedis, wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 

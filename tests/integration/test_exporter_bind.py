@@ -27,17 +27,19 @@ FOREIGN = ("spam.flood_1.v1", "spam.flood_2.v1", "not-even-a-convention-name")
 
 
 def outside_address() -> str:
-    """One address of this machine that is not loopback (skip when it has none)."""
+    """An address of this machine that is not 127.0.0.1: a non-loopback one when the
+    machine has one, else 127.0.0.2 (a server bound to 0.0.0.0 answers there too, one
+    bound to 127.0.0.1 does not), so the test never has to be skipped."""
     try:
         found = subprocess.run(
             ["hostname", "-I"], capture_output=True, text=True, timeout=10, check=False
-        )
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        pytest.skip("cannot list the machine's addresses (hostname -I)")
-    for address in found.stdout.split():
+        found = ""
+    for address in found.split():
         if "." in address and not address.startswith("127."):
             return address
-    pytest.skip("the machine has no non-loopback IPv4 address")
+    return "127.0.0.2"
 
 
 def answers(host: str, port: int) -> bool:

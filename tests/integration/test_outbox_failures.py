@@ -11,9 +11,8 @@ Order ids used here (no other test touches them): ``ord_of_*``.
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,9 @@ import sqlalchemy as sa
 from conventions import outbox
 from conventions.records import Category
 from conventions.relay import Relay
-from conventions.store.redis import RedisStore
 from conventions.store.sql import make_engine
 from tasks import app, db
 from tasks.receipts import send_receipt
-from tests.fixtures import unavailable
 from tests.integration import support_outbox as ob
 from tests.integration.helpers import SpareRedis, wait_for
 
@@ -159,22 +156,6 @@ def test_a_row_that_fails_for_its_own_reason_is_dead_lettered_after_its_attempts
 def _dead_letter(task_id: str) -> object:
     found = [d for d in app.store.list_dead_letters(limit=50) if d.task_id == task_id]
     return found[0] if found else None
-
-
-@pytest.fixture
-def spare_store() -> Iterator[SpareRedis]:
-    """The app's store on a Redis server of the test's own, to stop and start."""
-    if shutil.which("redis-server") is None:
-        unavailable("redis-server (a store of the test's own)", FileNotFoundError("redis-server"))
-    spare = SpareRedis()
-    spare.start()
-    store = RedisStore(f"redis://127.0.0.1:{spare.port}/0")
-    previous = app.__dict__.get("_cc_store")
-    app.__dict__["_cc_store"] = store
-    yield spare
-    app.__dict__["_cc_store"] = previous
-    spare.stop()
-    store.close()
 
 
 def test_a_row_is_marked_dead_only_once_its_dead_letter_is_written(

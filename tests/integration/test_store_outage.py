@@ -7,36 +7,19 @@ again; the machine's Redis (the broker) is untouched.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from conventions.records import Category
-from conventions.store import RedisStore
 from tasks import app
-from tests.fixtures import unavailable
-from tests.integration.helpers import SpareRedis, wait_for
+from tests.integration.helpers import (
+    SpareRedis,
+    wait_for,
+)  # SpareRedis: test_outbox_relay imports it here
 from tests.integration.test_worker_contract import _foreign_publish
 
 pytestmark = pytest.mark.usefixtures("services", "thread_worker")
-
-
-@pytest.fixture
-def spare_store() -> Iterator[SpareRedis]:
-    if shutil.which("redis-server") is None:
-        unavailable("redis-server (the outage test starts one of its own to stop)",
-                    FileNotFoundError("redis-server"))  # fmt: skip
-    spare = SpareRedis()
-    spare.start()
-    store = RedisStore(f"redis://127.0.0.1:{spare.port}/0")
-    previous = app.__dict__.get("_cc_store")
-    app.__dict__["_cc_store"] = store
-    yield spare
-    app.__dict__["_cc_store"] = previous
-    spare.stop()
-    store.close()
 
 
 def _deferred_for_the_outage(caplog: pytest.LogCaptureFixture, task_id: str) -> bool:
