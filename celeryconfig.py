@@ -37,7 +37,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from conventions import routing, schedules, watchdog
+from conventions.jobs import routing
+from conventions.schedules import entries as schedules
+from conventions.schedules import watchdog
 
 _env = os.environ
 
@@ -62,14 +64,14 @@ broker_url = _env.get("CELERY_BROKER_URL") or REDIS_URL
 broker_connection_retry_on_startup = True
 broker_transport_options: dict[str, Any] = {
     "visibility_timeout": VISIBILITY_TIMEOUT,
-    # one list per queue: a worker reading one queue blocks on it (conventions.broker)
+    # one list per queue: a worker reading one queue blocks on it (conventions.transport.redis)
     "priority_steps": [0],
     # a killed worker's in-flight fetch goes back to its queue after this many seconds
     "inbox_timeout": min(60, VISIBILITY_TIMEOUT),
 }
 if broker_url.startswith(("redis://", "rediss://")):
-    # a fetch that cannot lose a message: see conventions/broker.py
-    broker_transport = "conventions.broker:Transport"
+    # a fetch that cannot lose a message: see conventions/transport/redis.py
+    broker_transport = "conventions.transport.redis:Transport"
 if EMBEDDED:
     _queue_dir = DATA_DIR / "broker"
     for _sub in ("out", "processed"):
@@ -94,8 +96,8 @@ result_backend = _env.get("CELERY_RESULT_BACKEND") or (
 )
 if result_backend.startswith(("redis://", "rediss://")):
     # Celery's Redis backend whose STARTED and SUCCESS writes carry the ledger's claim and
-    # completion when the store shares the server: see conventions/results.py
-    result_backend = f"conventions.results:RedisBackend+{result_backend}"
+    # completion when the store shares the server: see conventions/transport/results.py
+    result_backend = f"conventions.transport.results:RedisBackend+{result_backend}"
 result_expires = 86400
 # A result write that fails on a lost connection (STARTED, or the final state) waits for
 # the backend to come back instead of failing the job outside its body, which acks it.
@@ -131,7 +133,7 @@ task_routes = (routing.WorkloadRouter(WORKLOADS),)
 
 # -- the layer -----------------------------------------------------------------------------
 # a message the worker cannot run is dead-lettered (raw body kept), never just logged
-worker_consumer = "conventions.consumer:Consumer"
+worker_consumer = "conventions.worker.consumer:Consumer"
 conventions_workloads = WORKLOADS
 conventions_workload_time_limits = WORKLOAD_TIME_LIMITS
 conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (
@@ -163,7 +165,7 @@ SCHEDULE = [
     ),
     watchdog.entry(),
 ]
-beat_scheduler = "conventions.scheduler:Scheduler"
+beat_scheduler = "conventions.schedules.beat:Scheduler"
 conventions_schedule = _env.get("CONVENTIONS_SCHEDULE") or SCHEDULE
 conventions_clock_offset_seconds = float(_env.get("CONVENTIONS_CLOCK_OFFSET_SECONDS") or 0)
 

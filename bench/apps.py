@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from bench import common
-from conventions import App, Id, JobContext, Payload, routing
+from conventions import App, Id, JobContext, Payload
+from conventions.jobs import routing
 
 #: each variant's settings on top of the reliable profile; the codec and the Redis
 #: parser are process-wide, so ``bench.launch`` sets those (see ``bench.drain``)

@@ -129,14 +129,14 @@ def drain_arms(client: Any, n: int, size: int, rounds: int) -> dict[str, list[fl
 def queues_arms(
     client: Any, queue: str, rounds: int, reads: int = 200
 ) -> dict[str, list[float]] | None:
-    """Seconds per read of the queues view (``conventions.queues``) with one job waiting
+    """Seconds per read of the queues view (``conventions.observability.queues``) with one job waiting
     and with the backlog; None when the module is not there yet.
 
     The baseline is one job, not an empty queue: the view parses the head message of a
     queue that has one (the oldest job's age), a constant an empty queue skips. What is
     asked here is whether the read grows with the backlog."""
     try:
-        from conventions import queues  # type: ignore[attr-defined]  # another branch adds it
+        from conventions.observability import queues  # type: ignore[attr-defined]  # another branch adds it
     except ImportError:
         return None
     from bench import apps
@@ -188,7 +188,9 @@ def section(report: Report, client: Any, *, size: int, n: int, rounds: int) -> N
     report.add(ratio_row(f"drain, {label} (rate ratio)", times, rates=True, unit="jobs/s"))
     view = queues_arms(client, queue, rounds)
     if view is None:
-        report.notes.append("growth: conventions.queues is not on this branch; queues view skipped")
+        report.notes.append(
+            "growth: conventions.observability.queues is not on this branch; queues view skipped"
+        )
     else:
         report.add(
             ratio_row(f"queues view read, {label} vs one", view, rates=False, unit="us", base="one")

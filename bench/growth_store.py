@@ -34,7 +34,7 @@ OTHER_TASK = "bench.other_task.v1"
 
 def dead_letter(i: int, task: str, prefix: str) -> Any:
     """A realistic dead-letter record (a payload, headers, a short traceback)."""
-    from conventions.records import Category, DeadLetter, utcnow
+    from conventions.store.records import Category, DeadLetter, utcnow
 
     now = utcnow() - timedelta(seconds=i)
     return DeadLetter(
@@ -91,7 +91,7 @@ def timed(action: Callable[[], object], repeat: int) -> float:
 
 def replays(app: Any, store: Any, prefix: str, task: str) -> float:
     """Seconds for a ``replay`` of one of the store's own records (unmarked again after)."""
-    from conventions.replay import replay
+    from conventions.ops.replay import replay
 
     app.__dict__["_cc_store"] = store  # the app's store, swapped for this arm
     record = store.get_dead_letter(f"{prefix}{task}:0")
@@ -105,7 +105,7 @@ def replays(app: Any, store: Any, prefix: str, task: str) -> float:
 
 def replay_all(app: Any, store: Any, prefix: str, task: str) -> float:
     """Seconds for ``replay_many`` of the task's :data:`OWN` records (put back after)."""
-    from conventions.replay import replay_many
+    from conventions.ops.replay import replay_many
 
     app.__dict__["_cc_store"] = store
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The fetch alone: ``conventions.broker`` against kombu's Redis transport.
+"""The fetch alone: ``conventions.transport.redis`` against kombu's Redis transport.
 
 No Celery, no layer: one kombu consumer (prefetch 1, acking each message) drains ``n``
 messages from one queue, once per transport per round, interleaved. What differs is
@@ -19,7 +19,7 @@ from bench import common
 from bench.report import Report, Row
 
 #: the transports compared, by their kombu names
-TRANSPORTS = {"inbox": "conventions.broker:Transport", "kombu": "redis"}
+TRANSPORTS = {"inbox": "conventions.transport.redis:Transport", "kombu": "redis"}
 QUEUE = Queue("bench_transport", Exchange("bench_transport", type="direct"),
               routing_key="bench_transport")  # fmt: skip
 #: a message the size of a layer job's (an id-only payload and the layer's headers)

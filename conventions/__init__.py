@@ -9,8 +9,6 @@ carries correlation ids through every job.
 from __future__ import annotations
 
 from conventions.app import App
-from conventions.backoff import Backoff
-from conventions.context import bind
 from conventions.errors import (
     ConfigurationError,
     ConventionsError,
@@ -20,9 +18,11 @@ from conventions.errors import (
     TransientError,
     UncertainOutcomeError,
 )
-from conventions.job import JobContext
-from conventions.payloads import Id, Payload, sensitive
+from conventions.jobs.backoff import Backoff
+from conventions.jobs.payloads import Id, Payload, sensitive
 from conventions.task import ConventionTask, DuplicateResult
+from conventions.tracing.context import bind
+from conventions.worker.job_context import JobContext
 
 __all__ = [
     "App",

@@ -16,25 +16,21 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery, signals
 
-from conventions import (
-    alerts,
-    backpressure,
-    lifecycle,
-    limits,
-    reservations,
-    retention,
-    routing,
-    settings,
-    tracing,
-)
-from conventions import job as joblib
-from conventions.backoff import Backoff
-from conventions.decisions import DEFAULT_TABLE, Decision, DecisionTable
+from conventions.capacity import backpressure, limits
+from conventions.config import settings
 from conventions.errors import ConfigurationError
-from conventions.exits import READY
-from conventions.payloads import Payload
+from conventions.jobs import routing
+from conventions.jobs.backoff import Backoff
+from conventions.jobs.decisions import DEFAULT_TABLE, Decision, DecisionTable
+from conventions.jobs.payloads import Payload
+from conventions.observability import alerts
+from conventions.ops import retention
 from conventions.store import Store, open_store
 from conventions.task import ConventionTask, KeyTemplate, template_fields
+from conventions.worker import job_context as joblib
+from conventions.worker import lifecycle, reservations
+from conventions.worker import signals as tracing
+from conventions.worker.exits import READY
 
 #: ``domain.action.vN``: lower-case words, a version from 1
 NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*\.v[1-9][0-9]*$")
@@ -154,7 +150,7 @@ class App(Celery):  # type: ignore[misc]
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``.
 
         ``exclusive="customer:{customer_id}"``: at most one job per lock runs at a time
-        across workers (``conventions.locks``); a delivery that finds it taken is deferred.
+        across workers (``conventions.capacity.locks``); a delivery that finds it taken is deferred.
 
         ``key_override=True``: a call may give the key (``idempotency_key=``) and the
         worker takes the one the message carries; off (the default), the key is always

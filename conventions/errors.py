@@ -1,7 +1,7 @@
 """Every error the layer raises or understands, in one rooted tree.
 
 Two branches, kept apart on purpose: a ``JobOutcome`` is control flow a job body raises
-on purpose to say how the job ends (``conventions.decisions`` maps each one to a
+on purpose to say how the job ends (``conventions.jobs.decisions`` maps each one to a
 decision), while a ``LayerError`` is a fault in how the layer is used (a wrong task
 definition, a bad payload, a refused publish). Catching ``ConventionsError`` catches
 both; catching ``JobOutcome`` never swallows a configuration fault.
@@ -83,7 +83,7 @@ class TransientError(JobOutcome):
 class LockBusy(TransientError):
     """A lock is held by someone else: the job is retried with backoff.
 
-    Raised by ``conventions.locks.mutex`` when the lease stays taken; ``name`` is the
+    Raised by ``conventions.capacity.locks.mutex`` when the lease stays taken; ``name`` is the
     lock and ``holder`` the owner that holds it.
     """
 

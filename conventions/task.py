@@ -22,26 +22,23 @@ from celery import Task
 from celery.result import AsyncResult
 from celery.utils.time import is_naive, maybe_iso8601
 
-from conventions import (
-    audit,
-    backpressure,
-    broker,
-    context,
-    exits,
-    keys,
-    onetrip,
-    runner,
-    schedules,
-    scrubbing,
-)
-from conventions.backoff import Backoff
-from conventions.decisions import DEFAULT_TABLE, DecisionTable
+from conventions.capacity import backpressure
+from conventions.config.settings import Settings
 from conventions.errors import ConfigurationError, KeyConflict, PayloadError
-from conventions.exits import READY
-from conventions.payloads import Payload
-from conventions.records import utcnow
-from conventions.settings import Settings
+from conventions.jobs.backoff import Backoff
+from conventions.jobs.decisions import DEFAULT_TABLE, DecisionTable
+from conventions.jobs.payloads import Payload
+from conventions.observability import audit
+from conventions.schedules import entries as schedules
+from conventions.store import keys
 from conventions.store.base import Store
+from conventions.store.records import utcnow
+from conventions.tracing import context, scrubbing
+from conventions.transport import publish as onetrip
+from conventions.transport import redis as broker
+from conventions.worker import delivery as runner
+from conventions.worker import exits
+from conventions.worker.exits import READY
 
 KeyTemplate = str | Callable[[Any], str]
 
@@ -93,7 +90,7 @@ class ConventionTask(Task):  # type: ignore[misc]
     uses: ClassVar[tuple[str, ...]] = ()
     #: past a backpressure bound: "raise" QueueOverCapacity, or "shed" the job
     overflow: ClassVar[str] = "raise"
-    #: Celery's STARTED write may wait for the claim (:mod:`conventions.results`)
+    #: Celery's STARTED write may wait for the claim (:mod:`conventions.transport.results`)
     rides_results: ClassVar[bool] = True
 
     # -- helpers ---------------------------------------------------------------------
@@ -197,7 +194,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         options: dict[str, Any],
     ) -> AsyncResult:
         """Publish with the reservation (``keyed``: key and payload fingerprint) inside
-        the push (:mod:`conventions.onetrip`)."""
+        the push (:mod:`conventions.transport.publish`)."""
         key, fingerprint = keyed
         pushed = onetrip.hook(
             self.store, task_id, key if self.dedup is not None else None, self._dedup_ttl(),
@@ -281,7 +278,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         (``cc_idempotency_key``, from any producer) is taken instead only for a task
         declared ``key_override=True``, or when it is the occurrence key of a schedule
         entry of this app that sends this task; else it is ignored. PayloadError when
-        the key is empty or too long (:func:`conventions.keys.checked`)."""
+        the key is empty or too long (:func:`conventions.store.keys.checked`)."""
         body = self._body_task()
         key = body.key_for(payload)
         carried = headers.get(context.IDEMPOTENCY_KEY)
@@ -362,7 +359,7 @@ class ConventionTask(Task):  # type: ignore[misc]
 
 def _beat_key(key: str, headers: Mapping[str, Any]) -> bool:
     """Whether ``key`` is the occurrence key (``beat:<entry>:<label>``) of the schedule
-    entry the headers name: the key ``conventions.scheduler`` gives explicitly."""
+    entry the headers name: the key ``conventions.schedules.beat`` gives explicitly."""
     entry = headers.get(context.SCHEDULE)
     return isinstance(entry, str) and bool(entry) and key.startswith(f"beat:{entry}:")
 

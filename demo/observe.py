@@ -2,7 +2,7 @@
 
 Progress lines go through :meth:`Observer.say` (seconds since the start first). On Redis a
 sampler thread reads every queue's depth and oldest waiting job
-(:mod:`conventions.queues`, the same reader as ``conventions queues``) four times a
+(:mod:`conventions.observability.queues`, the same reader as ``conventions queues``) four times a
 second and keeps the peaks: the figure no Celery tool shows.
 """
 
@@ -40,7 +40,7 @@ class Observer:
             self._thread.join(5)
 
     def _sample(self) -> None:
-        from conventions import queues
+        from conventions.observability import queues
 
         with queues.from_app(self.app) as reader:
             while not self._stop.wait(SAMPLE_EVERY):
@@ -70,7 +70,8 @@ class Observer:
     def snapshot(self) -> dict[str, Any]:
         """Receipts sent, dead letters kept, retries and ledger skips so far, outbox rows
         not published."""
-        from conventions import counts, outbox
+        from conventions.store import counts
+        from conventions.transactional import outbox
         from tasks import db, shop
 
         with db.transaction() as session:

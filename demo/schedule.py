@@ -8,7 +8,7 @@ once, exactly once (its business key is ``beat:demo-daily-sales:<date>``).
 
 from __future__ import annotations
 
-from conventions import schedules
+from conventions.schedules import entries as schedules
 
 ENTRIES = [
     schedules.Entry(

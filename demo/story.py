@@ -48,7 +48,7 @@ POISON = b'{"event_id": evt_0042'  #: JSON cut short: no worker can read it
 
 def seed_shop() -> None:
     """Today's orders and their payment events, and a customer with a dead address."""
-    from conventions import outbox
+    from conventions.transactional import outbox
     from tasks import db, shop
 
     with db.transaction() as session:
@@ -223,8 +223,8 @@ def replay_the_receipt(fleet: Fleet, observer: Observer, facts: dict[str, Any]) 
 def follow_report(fleet: Fleet, observer: Observer, facts: dict[str, Any]) -> None:
     """Beat sends today's report occurrence; the heavy worker runs it chunk by chunk and
     its progress (``ctx.progress``) shows as it goes."""
-    from conventions import schedules
-    from conventions.cli_lifecycle import job_status
+    from conventions.cli.lifecycle import job_status
+    from conventions.schedules import entries as schedules
     from demo.schedule import ENTRIES
     from tasks import app
 

@@ -26,7 +26,7 @@ EXPECTED_DEAD = {"permanent": 2, "unparseable": 1}
 
 def _events(app: Any) -> dict[str, dict[str, int]]:
     """Audit event counters: event -> task -> count."""
-    from conventions import counts
+    from conventions.store import counts
 
     out: dict[str, dict[str, int]] = {}
     for (event, task), value in counts.events(app.store.counters()).items():
@@ -67,7 +67,7 @@ def _shop() -> dict[str, Any]:
 
 
 def _outbox() -> dict[str, Any]:
-    from conventions import outbox
+    from conventions.transactional import outbox
     from tasks import db
 
     return outbox.status(db.engine()).to_dict()

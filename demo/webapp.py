@@ -1,11 +1,11 @@
-"""The demo's web shop: a plain WSGI app behind :class:`conventions.web.WSGIMiddleware`.
+"""The demo's web shop: a plain WSGI app behind :class:`conventions.contrib.web.WSGIMiddleware`.
 
 ``python -m demo.webapp --port-file F`` serves on a free port of 127.0.0.1 (written to
 ``F``), one thread per request:
 
 * ``POST /orders`` ``{"order_id", "customer_id", "amount_minor"}``: the checkout. The
   order (paid by card at checkout) and its receipt job are written in ONE transaction of
-  the shop database, the job as an outbox row (:mod:`conventions.outbox`); the relay
+  the shop database, the job as an outbox row (:mod:`conventions.transactional.outbox`); the relay
   publishes it. 201 ``{"order_id", "receipt_job"}``.
 * ``POST /webhooks/payments`` ``{"event_id"}``: a payment provider's webhook. There is
   no transaction to join, so it calls ``apply_event.delay()``: a duplicate delivery
@@ -30,8 +30,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from sqlalchemy.exc import IntegrityError
 
-from conventions import PayloadError, logs, outbox
-from conventions.web import WSGIMiddleware
+from conventions import PayloadError
+from conventions.contrib.web import WSGIMiddleware
+from conventions.tracing import logs
+from conventions.transactional import outbox
 from tasks import db, shop
 from tasks.payments import apply_event
 from tasks.receipts import send_receipt

@@ -7,7 +7,7 @@ of the shop database: either both commit or neither does. The relay publishes th
     conventions outbox relay                              # the relay
     celery -A tasks worker -Q email                       # a worker
 
-Each request binds a correlation context (``conventions.web.ASGIMiddleware``: the
+Each request binds a correlation context (``conventions.contrib.web.ASGIMiddleware``: the
 client's ``X-Correlation-ID`` / ``X-Request-ID`` when well-formed), so the job carries the
 request's correlation id, exactly as ``.delay()`` would.
 """
@@ -21,8 +21,8 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
 
-from conventions import outbox
-from conventions.web import ASGIMiddleware
+from conventions.contrib.web import ASGIMiddleware
+from conventions.transactional import outbox
 from tasks import db, shop
 from tasks.receipts import send_receipt
 

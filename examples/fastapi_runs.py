@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from conventions import bind
-from conventions.runs import run_state, trigger
+from conventions.contrib.polling import run_state, trigger
 from tasks import app as celery_app
 from tasks.reports import daily_sales
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from flask import Flask
 
-from conventions.runs import run_state, trigger
-from conventions.web import WSGIMiddleware
+from conventions.contrib.polling import run_state, trigger
+from conventions.contrib.web import WSGIMiddleware
 from tasks import app as celery_app
 from tasks.reports import daily_sales
 

@@ -6,7 +6,8 @@ light ``email`` lane, payment events on it too, reports on the ``heavy`` lane.
 
 from __future__ import annotations
 
-from conventions import App, watchdog
+from conventions import App
+from conventions.schedules import watchdog
 
 app = App("tasks")
 app.config_from_object("celeryconfig")

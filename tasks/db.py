@@ -14,7 +14,7 @@ from celery import signals
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from conventions import once
+from conventions.transactional import once
 from tasks import shop
 
 _engine: Engine | None = None

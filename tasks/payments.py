@@ -8,7 +8,7 @@ the ``once`` marker commits with the payment, and the receipt goes out as a chil
 from __future__ import annotations
 
 from conventions import Id, JobContext, Payload, PermanentError
-from conventions.once import once
+from conventions.transactional.once import once
 from tasks import app, db, shop
 from tasks.receipts import send_receipt
 

@@ -16,7 +16,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from conventions import Backoff, Id, JobContext, Payload, PermanentError
-from conventions.once import once
+from conventions.transactional.once import once
 from tasks import app, db, shop
 
 logger = logging.getLogger(__name__)

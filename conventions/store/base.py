@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from conventions.records import AuditEvent, Category, Claim, DeadLetter, Holder
+from conventions.store.records import AuditEvent, Category, Claim, DeadLetter, Holder
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Store(Protocol):
 
         Returns None when the reservation is ours (including when ``job_id`` already
         held it: reserving again is idempotent and does not extend the ttl), else the job
-        id that holds it, as a :class:`~conventions.records.Holder` carrying the payload
+        id that holds it, as a :class:`~conventions.store.records.Holder` carrying the payload
         ``fingerprint`` it reserved with (the caller compares: the store keeps it, never
         judges it). ``ttl`` (seconds) bounds the reservation; None keeps it until
         released. An expired reservation goes to the next job that reserves.
@@ -175,7 +175,7 @@ class Store(Protocol):
         """Every counter the audit events moved, by (name, task): each recorded event
         adds to ``(event, task)`` in the same step as the event itself (a dead letter to
         ``("dead_lettered:<category>", task)``), plus the wait and run histograms of
-        :mod:`conventions.counts`. Read by the metrics exporter."""
+        :mod:`conventions.store.counts`. Read by the metrics exporter."""
         ...
 
     def purge_audit(self, older_than: datetime) -> int:

@@ -5,7 +5,7 @@ reservation is ``SET NX GET``, and ``claim`` / ``renew`` / ``complete`` / ``rele
 Lua scripts (registered once, run by ``EVALSHA``), so no two workers can both read "free"
 and both write "mine". Leases are key expiries (``PX``): a worker that dies simply lets
 its ledger entry vanish and the next claim takes over. Key names are in
-:mod:`conventions.keys`. Needs Redis 7.0 or later (``SET NX GET``, ``ZADD GT``).
+:mod:`conventions.store.keys`. Needs Redis 7.0 or later (``SET NX GET``, ``ZADD GT``).
 
 The store is one class in three parts: this module holds the dedup and ledger calls
 (their scripts in :mod:`conventions.store.redis_scripts`),
@@ -21,9 +21,9 @@ from typing import Any, cast
 
 import redis
 
-from conventions import keys
-from conventions.records import AuditEvent, Claim, ClaimStatus, Holder, utcnow
+from conventions.store import keys
 from conventions.store.base import KeyState
+from conventions.store.records import AuditEvent, Claim, ClaimStatus, Holder, utcnow
 from conventions.store.redis_coordination import RedisCoordination, _ms
 from conventions.store.redis_records import AUDIT_MAX_EVENTS, AUDIT_MAX_TRAILS, RedisRecords
 from conventions.store.redis_results import ResultWrite, with_result

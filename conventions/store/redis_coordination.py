@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import redis
 
-from conventions import keys
+from conventions.store import keys
 
 #: KEYS: lease. ARGV: owner, ttl ms. Takes a free lease or extends the owner's own;
 #: returns the holder otherwise.

@@ -6,7 +6,7 @@ its last event. Purges walk an index oldest first in batches, each batch one scr
 
 The audit trail shares a Redis that runs ``noeviction`` (often the broker's), so its
 size is bounded, not only its age: each event is kept in the compact form
-(:meth:`~conventions.records.AuditEvent.to_compact`, a job's fields once per job: about
+(:meth:`~conventions.store.records.AuditEvent.to_compact`, a job's fields once per job: about
 900 bytes for a job's trail, index included, see :data:`AUDIT_BYTES_PER_JOB`), a trail
 keeps its newest :data:`AUDIT_MAX_EVENTS` events, and beyond :data:`AUDIT_MAX_TRAILS`
 trails the ones idle longest are dropped as new ones come.
@@ -27,8 +27,8 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from conventions import counts, keys
-from conventions.records import AuditEvent, Category, DeadLetter
+from conventions.store import counts, keys
+from conventions.store.records import AuditEvent, Category, DeadLetter
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
 _DROP_RECORD = """
@@ -121,7 +121,7 @@ AUDIT_MAX_EVENTS = 500
 AUDIT_BYTES_PER_JOB = 900
 
 #: Appends an audit event in the same script as the state change it records, and moves
-#: its counters (:mod:`conventions.counts`). Every script that uses it takes the audit
+#: its counters (:mod:`conventions.store.counts`). Every script that uses it takes the audit
 #: trail, the by-time index and the counters hash as its last three KEYS and (event JSON
 #: or '', the same without its job fields or '', trail ttl s, score, correlation id,
 #: counter fields JSON [field, n, ...], trail key prefix, max events per trail, max

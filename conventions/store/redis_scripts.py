@@ -4,7 +4,7 @@ Each is one atomic step, registered once by :class:`~conventions.store.redis.Red
 and run by ``EVALSHA``. A script that records an audit event ends its KEYS and ARGV with
 the audit parts (``RedisRecords._audit_parts``), which ``record_audit()`` reads from the
 end, so the leading KEYS and ARGV are the script's own (documented above each one).
-Key names are in :mod:`conventions.keys`.
+Key names are in :mod:`conventions.store.keys`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1], 
 return 0
 """
 
-#: The publish in one round trip (:mod:`conventions.onetrip`), run on the broker's
+#: The publish in one round trip (:mod:`conventions.transport.publish`), run on the broker's
 #: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
 #: audit event; then, in the broker's, kombu's ``LPUSH`` of the message (``SELECT`` only
 #: when the two databases differ, so a server that refuses it works with one database).

@@ -29,13 +29,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from conventions.records import (
+from conventions.store.base import KeyState
+from conventions.store.records import (
     AuditEvent,
     Claim,
     ClaimStatus,
     Holder,
 )
-from conventions.store.base import KeyState
 from conventions.store.sql_records import SQLRecords
 from conventions.store.sql_tables import (
     UTCDateTime,

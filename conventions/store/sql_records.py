@@ -12,8 +12,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from conventions import counts
-from conventions.records import AuditEvent, Category, DeadLetter
+from conventions.store import counts
+from conventions.store.records import AuditEvent, Category, DeadLetter
 from conventions.store.sql_coordination import SQLCoordination
 
 

@@ -251,7 +251,7 @@ def _lease_tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, sa.Table]:
 
 
 def _counts_table(metadata: sa.MetaData, p: str) -> sa.Table:
-    """``{p}counts``: the counters the audit events move (:mod:`conventions.counts`)."""
+    """``{p}counts``: the counters the audit events move (:mod:`conventions.store.counts`)."""
     return sa.Table(
         f"{p}counts",
         metadata,

@@ -12,9 +12,9 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 ROOT_URLCONF = "examples.django_outbox.urls"
-INSTALLED_APPS = ["conventions.django_outbox", "examples.django_outbox.apps.CheckoutConfig"]
+INSTALLED_APPS = ["conventions.contrib.django_outbox", "examples.django_outbox.apps.CheckoutConfig"]
 #: one correlation context per request: the outbox rows (and their jobs) carry it
-MIDDLEWARE = ["conventions.web.DjangoMiddleware"]
+MIDDLEWARE = ["conventions.contrib.web.DjangoMiddleware"]
 USE_TZ = True
 TIME_ZONE = "UTC"
 DATABASES = {

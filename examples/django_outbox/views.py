@@ -9,7 +9,8 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from conventions import bind, django_outbox
+from conventions import bind
+from conventions.contrib import django_outbox
 from examples.django_outbox.models import Order
 from tasks.receipts import send_receipt
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from conventions import Id, JobContext, Payload
-from conventions.decisions import DEFAULT_TABLE, DeadLetter, Retry, named, when
-from conventions.records import Category
+from conventions.jobs.decisions import DEFAULT_TABLE, DeadLetter, Retry, named, when
+from conventions.store.records import Category
 from examples.howto.app import app
 
 

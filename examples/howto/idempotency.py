@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from conventions import Id, JobContext, Payload
-from conventions.once import create_table, once
+from conventions.transactional.once import create_table, once
 from examples.howto.app import app
 
 metadata = sa.MetaData()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from conventions import schedules, watchdog
+from conventions.schedules import entries as schedules
+from conventions.schedules import watchdog
 
 SCHEDULE = [
     schedules.Entry(
@@ -24,5 +25,5 @@ SCHEDULE = [
     ),
     watchdog.entry(),  # ops.watchdog.v1, every minute
 ]
-beat_scheduler = "conventions.scheduler:Scheduler"
+beat_scheduler = "conventions.schedules.beat:Scheduler"
 conventions_schedule = SCHEDULE  # or "myproject.schedule:ENTRIES"

@@ -21,8 +21,8 @@ from pathlib import Path
 import redis
 from sqlalchemy import Engine
 
-from conventions.broker import in_inboxes
 from conventions.store import open_store
+from conventions.transport.redis import in_inboxes
 from tests.acceptance.support_chaos import (
     APPLIED,
     Outcome,

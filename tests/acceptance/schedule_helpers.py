@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conventions.records import AuditEvent
-from conventions.schedules import Entry
+from conventions.schedules.entries import Entry
+from conventions.store.records import AuditEvent
 from tests.fixtures import ROOT
 
 

@@ -148,7 +148,7 @@ def shop_database(orders: int) -> Iterator[Engine]:
     (``evt_0001``..), the shop's schema and the ``once`` markers' table; dropped after."""
     import psycopg
 
-    from conventions import once
+    from conventions.transactional import once
     from tests.conftest import PG_BASE  # not at import: it rewrites the environment
 
     name = f"cc_chaos_{uuid.uuid4().hex[:8]}"

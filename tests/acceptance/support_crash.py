@@ -15,7 +15,7 @@ from typing import cast
 import redis
 
 from conventions import JobContext
-from conventions.once import once
+from conventions.transactional.once import once
 from tasks import app, db, shop
 from tasks.payments import ApplyEvent
 

@@ -12,7 +12,8 @@ import os
 import signal
 import sys
 
-from conventions import bind, outbox
+from conventions import bind
+from conventions.transactional import outbox
 from tasks import db
 from tasks.receipts import send_receipt
 from tests.integration.support_outbox import new_order

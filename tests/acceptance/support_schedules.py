@@ -12,8 +12,10 @@ import datetime as dt
 import time
 from typing import Any
 
-from conventions import Id, JobContext, Payload, schedules, watchdog
-from conventions.schedules import Entry, Occurrence
+from conventions import Id, JobContext, Payload
+from conventions.schedules import entries as schedules
+from conventions.schedules import watchdog
+from conventions.schedules.entries import Entry, Occurrence
 from tasks import app
 
 #: how long a ``slow`` run takes (seconds): longer than its 10 s interval

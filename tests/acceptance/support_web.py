@@ -11,8 +11,8 @@ import sys
 
 from fastapi import FastAPI
 
-from conventions import logs
-from conventions.web import ASGIMiddleware
+from conventions.contrib.web import ASGIMiddleware
+from conventions.tracing import logs
 from tests.integration.support_tracing import flaky_fanout
 
 _handler = logging.StreamHandler(sys.stdout)

@@ -11,7 +11,8 @@ from unittest.mock import ANY
 import pytest
 import redis
 
-from conventions import backpressure, bind
+from conventions import bind
+from conventions.capacity import backpressure
 from conventions.errors import QueueOverCapacity
 from conventions.task import DuplicateResult
 from tasks import app

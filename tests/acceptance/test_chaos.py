@@ -146,7 +146,7 @@ def test_two_thousand_payments_through_five_kill_nines_lose_nothing_and_apply_on
         _assert_within_what_the_blows_can_do(profile, outcome)
         return
     # a whole worker killed between fetching a message and recording it as unacked leaves
-    # it in its inbox (conventions.broker): a live worker's sweep gives it back
+    # it in its inbox (conventions.transport.redis): a live worker's sweep gives it back
     assert (outcome.lost, outcome.duplicated, outcome.dead_letters) == (0, 0, 0), outcome
     # every payment is applied once, and every paid order has its receipt unless a kill
     # landed between the payment's commit and the receipt's publish (reported apart)

@@ -20,8 +20,8 @@ import pytest
 from kombu import Connection, Exchange, Producer
 from sqlalchemy import Engine
 
-from conventions.records import Category, DeadLetter
 from conventions.store import Store, open_store
+from conventions.store.records import Category, DeadLetter
 from tests.acceptance.support_chaos import (
     LOST,
     RedisServer,

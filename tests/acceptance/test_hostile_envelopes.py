@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import redis
 
-from conventions import broker
-from conventions.records import Category, DeadLetter
+from conventions.store.records import Category, DeadLetter
+from conventions.transport import redis as broker
 from tests.fixtures import WorkerProcess
 from tests.integration.helpers import wait_for
 

@@ -37,8 +37,8 @@ import redis
 from kombu import Connection, Producer
 from sqlalchemy import text
 
-from conventions import keys
-from conventions.broker import in_inboxes
+from conventions.store import keys
+from conventions.transport.redis import in_inboxes
 from tasks import app, db, shop
 from tasks.payments import apply_event
 from tests.acceptance import support_crash
@@ -437,7 +437,7 @@ def test_a_thousand_events_published_twice_survive_kill_nine_and_take_effect_onc
     drained = time.monotonic()
 
     # nothing applied twice, nothing lost: a whole worker killed mid-fetch leaves the
-    # message in its inbox (conventions.broker), given back by the replacement's sweep
+    # message in its inbox (conventions.transport.redis), given back by the replacement's sweep
     assert lost_events == 0
     _assert_each_order_holds_the_sum_of_its_events_once(lost_events)
     assert app.store.count_dead_letters() == 0

@@ -30,7 +30,8 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from conventions import bind, outbox
+from conventions import bind
+from conventions.transactional import outbox
 from tasks import app, db
 from tasks.receipts import send_receipt
 from tests.fixtures import WorkerProcess, unavailable

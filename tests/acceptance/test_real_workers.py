@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conventions.records import Category
+from conventions.store.records import Category
 from tasks import app
 from tasks.receipts import send_receipt
 from tasks.reports import daily_sales

@@ -31,7 +31,7 @@ import pytest
 import redis
 from sqlalchemy import select, text
 
-from conventions.progress import read_progress
+from conventions.observability.progress import read_progress
 from tasks import app, db, shop
 from tasks.reports import daily_sales
 from tests.fixtures import ROOT, WorkerProcess

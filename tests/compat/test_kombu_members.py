@@ -1,8 +1,8 @@
 """The kombu and Celery members the layer relies on beyond their public API still exist,
 with the signatures it calls them with.
 
-``conventions.broker`` subclasses kombu's Redis channel and overrides or calls private
-members; ``conventions.results`` overrides a private method of Celery's Redis backend.
+``conventions.transport.redis`` subclasses kombu's Redis channel and overrides or calls private
+members; ``conventions.transport.results`` overrides a private method of Celery's Redis backend.
 A kombu or Celery release that renames one breaks every fetch (kombu 5.6 lacks
 ``_flush_brpop_reauth``: each fetch raised ``AttributeError``). A failure here names the
 member; upgrading kombu or Celery past the pinned range starts with this file.
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from conventions import broker_checks
+from conventions.transport import checks as broker_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 KOMBU_REDIS, KOMBU_VIRTUAL = "kombu.transport.redis", "kombu.transport.virtual"
@@ -48,7 +48,7 @@ METHODS: dict[tuple[str, str], str | None] = {
     (f"{KOMBU_REDIS}:Channel", "client"): None,
     (f"{KOMBU_REDIS}:Channel", "pool"): None,
     (f"{KOMBU_REDIS}:Channel", "active_queues"): None,
-    # conventions.broker: no-ack consumers and the envelope check (conventions.envelope)
+    # conventions.transport.redis: no-ack consumers and the envelope check (conventions.transport.envelope)
     (f"{KOMBU_REDIS}:Channel", "basic_consume"): "(self, queue, *args, **kwargs)",
     (f"{KOMBU_REDIS}:Channel", "basic_cancel"): "(self, consumer_tag)",
     (f"{KOMBU_REDIS}:Channel", "decode_body"): "(self, body, encoding=None)",
@@ -60,7 +60,7 @@ METHODS: dict[tuple[str, str], str | None] = {
     # the poller hands the channel's queue cycle to these two
     ("kombu.utils.scheduling:round_robin_cycle", "consume"): "(self, n)",
     ("kombu.utils.scheduling:round_robin_cycle", "rotate"): "(self, last_used)",
-    # conventions.results
+    # conventions.transport.results
     (CELERY_REDIS, "_set_with_state"): "(self, key, value, state)",
     (CELERY_REDIS, "_store_result"): (
         "(self, task_id, result, state, traceback=None, request=None, **kwargs)"

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import redis
 from kombu import Exchange, Producer
 
-from conventions.records import AuditEvent, DeadLetter
+from conventions.store.records import AuditEvent, DeadLetter
 from tests.conftest import BROKER_DB, REDIS_BASE
 
 T = TypeVar("T")

@@ -12,7 +12,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
-from conventions import Backoff, Id, JobContext, Payload, TransientError, runs
+from conventions import Backoff, Id, JobContext, Payload, TransientError
+from conventions.contrib import polling as runs
 from conventions.store import RedisStore
 from tasks import app
 from tests.integration.helpers import http_status

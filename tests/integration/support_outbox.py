@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from conventions import outbox
+from conventions.transactional import outbox
 from tasks import db, shop
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from conventions import Backoff, Id, JobContext, Payload, TransientError, context
+from conventions import Backoff, Id, JobContext, Payload, TransientError
+from conventions.tracing import context
 from tasks import app
 from tests.integration.support_jobs import echo
 

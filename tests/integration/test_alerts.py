@@ -22,7 +22,8 @@ from celery import signals
 from celery.app import trace as celery_trace
 from celery.worker.consumer import consumer
 
-from conventions import alerts, bind
+from conventions import bind
+from conventions.observability import alerts
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, wait_for
@@ -224,7 +225,9 @@ def test_an_alert_never_raises_when_sentry_is_broken(
     alerts.alert("job x dead-lettered", exc=error, tags={"task": "testing.buggy.v1"})
 
     messages = [
-        (r.levelname, r.getMessage()) for r in caplog.records if r.name == "conventions.alerts"
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name == "conventions.observability.alerts"
     ]
     assert ("WARNING", "could not send an alert to Sentry") in messages
     assert ("ERROR", "job x dead-lettered") in messages

@@ -13,9 +13,9 @@ from datetime import timedelta
 import pytest
 import redis
 
-from conventions import App, JobContext, Payload, bind, keys
-from conventions.records import AuditEvent, utcnow
-from conventions.store import RedisStore
+from conventions import App, JobContext, Payload, bind
+from conventions.store import RedisStore, keys
+from conventions.store.records import AuditEvent, utcnow
 from tasks import app
 from tests.conftest import REDIS_BASE, STORE_DB
 from tests.integration.helpers import wait_for

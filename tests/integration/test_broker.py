@@ -1,4 +1,4 @@
-"""The inbox fetch (``conventions.broker``) on a real Redis: a message is always in its
+"""The inbox fetch (``conventions.transport.redis``) on a real Redis: a message is always in its
 queue, in an inbox or in the unacked set, and a dead consumer's inbox goes back.
 
 The crash itself (kill -9 of a worker mid-fetch) is the chaos suite's; here each step of
@@ -18,7 +18,7 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from conventions import broker
+from conventions.transport import redis as broker
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.integration.helpers import wait_for
 
@@ -28,7 +28,9 @@ OPTIONS = {"priority_steps": [0], "inbox_timeout": 2, "fetch_wait": 0.05}
 
 @pytest.fixture
 def connection(services: None) -> Iterator[Connection]:
-    with Connection(URL, transport="conventions.broker:Transport", transport_options=OPTIONS) as c:
+    with Connection(
+        URL, transport="conventions.transport.redis:Transport", transport_options=OPTIONS
+    ) as c:
         yield c
 
 

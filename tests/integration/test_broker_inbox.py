@@ -19,8 +19,8 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Queue
 
-from conventions import broker
 from conventions.errors import ConfigurationError
+from conventions.transport import redis as broker
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.integration.helpers import wait_for
 from tests.integration.test_broker import consume, publish

@@ -14,9 +14,9 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Producer
 
-from conventions import keys
-from conventions.deadletter import MAX_RAW_BODY
-from conventions.records import Category
+from conventions.observability.deadletters import MAX_RAW_BODY
+from conventions.store import keys
+from conventions.store.records import Category
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, wait_for

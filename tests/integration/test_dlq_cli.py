@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from conventions import bind, context
-from conventions.cli import main
-from conventions.records import AuditEvent, Category, DeadLetter
+from conventions import bind
+from conventions.cli.main import main
+from conventions.store.records import AuditEvent, Category, DeadLetter
+from conventions.tracing import context
 from tasks import app
 from tasks.payments import apply_event
 from tests.integration import support_flaky  # registers testing.flaky.v1 before the worker

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import redis
 
-from conventions import App, lifecycle
-from conventions.doctor import ERROR, WARNING, static_checks
+from conventions import App
+from conventions.ops.doctor import ERROR, WARNING, static_checks
+from conventions.worker import lifecycle
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.fixtures import unavailable
 from tests.integration.helpers import SpareRedis
@@ -23,7 +24,7 @@ def test_a_store_on_another_redis_server_is_asked_for_its_settings_too(services:
     app = App("doctor_servers", set_as_current=False)
     app.conf.update(
         broker_url=f"{REDIS_BASE}/{BROKER_DB}",
-        broker_transport="conventions.broker:Transport",
+        broker_transport="conventions.transport.redis:Transport",
         conventions_store_url="redis://127.0.0.1:1/0",  # nothing listens there
         conventions_workloads={},
     )
@@ -49,7 +50,7 @@ def _app(port: int, **conf: Any) -> App:
     app = App("doctor_spare", set_as_current=False)
     defaults = {
         "broker_url": f"redis://127.0.0.1:{port}/0",
-        "broker_transport": "conventions.broker:Transport",
+        "broker_transport": "conventions.transport.redis:Transport",
         "conventions_store_url": f"redis://127.0.0.1:{port}/1",
         "conventions_workloads": {},
         "conventions_doctor_levels": {},

@@ -20,11 +20,12 @@ import psycopg
 import pytest
 from celery.exceptions import Reject
 
-from conventions import Backoff, JobContext, PermanentError, TransientError, results
+from conventions import Backoff, JobContext, PermanentError, TransientError
 from conventions.errors import ResumeLater, SkipJob
-from conventions.records import Category, ClaimStatus
-from conventions.results import RedisBackend
 from conventions.store import RedisStore, SQLStore
+from conventions.store.records import Category, ClaimStatus
+from conventions.transport import results
+from conventions.transport.results import RedisBackend
 from tasks import app
 from tests.conftest import BROKER_DB, PG_BASE, REDIS_BASE, STORE_DB
 from tests.fixtures import unavailable
@@ -266,7 +267,7 @@ def test_a_done_key_whose_unreserve_fails_is_kept_until_the_store_takes_it(
 def test_a_scheduled_job_whose_overlap_lease_cannot_be_released_is_not_run_again(
     store_proxy: CutProxy, direct: RedisStore, call_id: str
 ) -> None:
-    from conventions import context
+    from conventions.tracing import context
 
     SCRIPT[call_id] = [then_done(store_proxy.cut)]
     headers = {context.SCHEDULE: f"entry-{call_id}", context.OVERLAP: "skip",
@@ -323,7 +324,7 @@ def test_a_riding_success_write_refused_past_its_deadline_leaves_a_copy_of_the_j
     runs the body again once the server is back, and records it done."""
     monkeypatch.setattr(results, "COMPLETION_PATIENCE", 1.0, raising=False)
     SCRIPT[call_id] = [then_done(riding_proxy.cut), done]
-    with caplog.at_level(logging.ERROR, logger="conventions.runner"):
+    with caplog.at_level(logging.ERROR, logger="conventions.worker.delivery"):
         handle = exit_riding.delay(call_id=call_id)
         wait_for(lambda: any(handle.id in r.getMessage() and "published again" in r.getMessage()
                              for r in caplog.records))  # fmt: skip
@@ -395,7 +396,7 @@ def test_a_completion_the_sql_store_never_takes_gives_the_message_back_and_runs_
     proxy, reader = sql_proxy
     monkeypatch.setattr(results, "COMPLETION_PATIENCE", 1.0, raising=False)
     SCRIPT[call_id] = [then_done(proxy.cut), done]
-    with caplog.at_level(logging.ERROR, logger="conventions.runner"):
+    with caplog.at_level(logging.ERROR, logger="conventions.worker.delivery"):
         handle = exit_path.delay(call_id=call_id)
         wait_for(lambda: any(handle.id in r.getMessage() and "requeued" in r.getMessage()
                              for r in caplog.records))  # fmt: skip

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conventions.records import Category
+from conventions.store.records import Category
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, wait_for

@@ -50,7 +50,7 @@ def test_a_resent_webhook_is_deduplicated_and_applied_once(examples_worker: Any)
 
 def test_once_stops_a_second_effect_even_when_the_body_runs_again(examples_worker: Any) -> None:
     from conventions import JobContext
-    from conventions.context import Trace
+    from conventions.tracing.context import Trace
 
     payload = idempotency.PaymentEvent(event_id="evt_howto_2", order_id="ord_2")
     ctx = JobContext(idempotency.apply_webhook.name, "t-2", "payment-event:evt_howto_2", 1,

@@ -14,9 +14,9 @@ import pytest
 from kombu import Connection, Producer
 
 from conventions import ConfigurationError, Id, JobContext, Payload
-from conventions.context import IDEMPOTENCY_KEY
 from conventions.errors import KeyConflict
-from conventions.records import Category
+from conventions.store.records import Category
+from conventions.tracing.context import IDEMPOTENCY_KEY
 from tasks import app, db, shop
 from tasks.payments import apply_event
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from conventions import Id, JobContext, Payload, keys
-from conventions.job import keeper
+from conventions import Id, JobContext, Payload
+from conventions.store import keys
+from conventions.worker.job_context import keeper
 from tasks import app
 from tests.integration.helpers import wait_for
 
@@ -65,14 +66,14 @@ def _deferred(caplog: pytest.LogCaptureFixture, task_id: str) -> bool:
     return any(
         f"[{task_id}]: deferred" in r.getMessage()
         for r in caplog.records
-        if r.name == "conventions.runner"
+        if r.name == "conventions.worker.delivery"
     )
 
 
 def test_a_job_refused_at_its_second_cap_frees_its_first_slot_and_the_keeper_forgets_it(
     thread_worker: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="conventions.runner")
+    caplog.set_level(logging.INFO, logger="conventions.worker.delivery")
     store = app.store
     assert store.acquire(SECOND, "someone-else", 30) is None  # the second cap is full
     result = two_caps.delay(call_id="full")
@@ -92,7 +93,7 @@ def test_a_job_refused_at_its_second_cap_frees_its_first_slot_and_the_keeper_for
 def test_a_store_error_at_the_second_cap_frees_the_first_slot_and_nothing_renews_it(
     thread_worker: Any, caplog: pytest.LogCaptureFixture, short_store_defer: None
 ) -> None:
-    caplog.set_level(logging.INFO, logger="conventions.runner")
+    caplog.set_level(logging.INFO, logger="conventions.worker.delivery")
     store = app.store
     broken = keys.lease(SECOND, store.prefix)  # type: ignore[attr-defined]
     store.client.rpush(broken, "not a lease")  # type: ignore[attr-defined]

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from conventions import keys
+from conventions.capacity.locks import lease_name, mutex
 from conventions.errors import LockBusy, TransientError
-from conventions.locks import lease_name, mutex
-from conventions.progress import Checkpoint, Progress, read_progress
+from conventions.observability.progress import Checkpoint, Progress, read_progress
+from conventions.store import keys
 from tasks import app
 from tests.acceptance import support_lifecycle as jobs
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from conventions import audit, queues
+from conventions.observability import audit, queues
 from tasks import app
 from tests.integration import support_metrics
 from tests.integration.exporter import ExporterProcess, Scrape

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from conventions import queues
+from conventions.observability import queues
 from tasks import app
 from tests.integration import support_metrics
 from tests.integration.exporter import ExporterProcess
@@ -76,7 +76,7 @@ def test_with_no_worker_the_oldest_age_grows_and_a_worker_drains_it_to_zero(
 def test_the_queues_view_prints_depth_age_and_consumers(
     broker_redis: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from conventions import cli
+    from conventions.cli import main as cli
 
     _empty_queues(broker_redis)
     for n in range(3):

@@ -28,7 +28,9 @@ OPTIONS = {"priority_steps": [0], "inbox_timeout": 2, "fetch_wait": 0.05}
 
 @pytest.fixture
 def connection(services: None) -> Iterator[Connection]:
-    with Connection(URL, transport="conventions.broker:Transport", transport_options=OPTIONS) as c:
+    with Connection(
+        URL, transport="conventions.transport.redis:Transport", transport_options=OPTIONS
+    ) as c:
         yield c
 
 

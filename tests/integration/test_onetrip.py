@@ -1,4 +1,4 @@
-"""The publish in one round trip (``conventions.onetrip``): with the broker and the store
+"""The publish in one round trip (``conventions.transport.publish``): with the broker and the store
 on one Redis server, ``.delay()`` reserves its key and pushes its message in one script.
 
 Redis ``MONITOR`` shows every command the server runs; a command a script runs is marked
@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from conventions import App, bind, onetrip
+from conventions import App, bind
 from conventions.task import DuplicateResult
+from conventions.transport import publish as onetrip
 from tasks import app
 from tasks.receipts import send_receipt
 from tests.integration.helpers import Monitor
@@ -65,7 +66,7 @@ def test_a_duplicate_pushes_nothing_and_answers_the_holder(
 def test_another_server_or_the_sql_store_takes_the_two_step_path() -> None:
     other = App("onetrip_other", set_as_current=False)
     other.conf.update(broker_url="redis://queue.internal:6379/0",
-                      broker_transport="conventions.broker:Transport")  # fmt: skip
+                      broker_transport="conventions.transport.redis:Transport")  # fmt: skip
     assert not onetrip.eligible(other, app.store)
     kombu = App("onetrip_kombu", set_as_current=False)
     kombu.conf.update(broker_url=app.conf.broker_url)  # kombu's own Redis transport

@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 import redis
 
-from conventions import App, JobContext, bind, keys, onetrip
+from conventions import App, JobContext, bind
+from conventions.store import keys
 from conventions.task import ConventionTask
+from conventions.transport import publish as onetrip
 from tasks import app
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.fixtures import WorkerProcess, unavailable

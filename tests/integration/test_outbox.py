@@ -14,9 +14,16 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from conventions import ConfigurationError, PayloadError, bind, outbox
-from conventions.context import CAUSATION, CORRELATION, ENQUEUED_AT, IDEMPOTENCY_KEY, REQUEST
-from conventions.relay import Relay
+from conventions import ConfigurationError, PayloadError, bind
+from conventions.tracing.context import (
+    CAUSATION,
+    CORRELATION,
+    ENQUEUED_AT,
+    IDEMPOTENCY_KEY,
+    REQUEST,
+)
+from conventions.transactional import outbox
+from conventions.transactional.relay import Relay
 from tasks import app, db
 from tasks.receipts import send_receipt
 from tests.integration import support_outbox as ob
@@ -130,7 +137,7 @@ def test_a_row_that_cannot_be_published_backs_off_without_blocking_the_others(
         session.execute(sa.insert(outbox.table).values({**bad, "task": "email.gone.v1"}))
         outbox.add(session, send_receipt, order_id="ord_ob_after_bad")
 
-    with caplog.at_level(logging.WARNING, logger="conventions.relay"):
+    with caplog.at_level(logging.WARNING, logger="conventions.transactional.relay"):
         result = Relay(app, engine).drain()
 
     # the relay's line about the row carries the row's own story
@@ -197,7 +204,7 @@ def test_outbox_status_and_relay_once_run_as_commands(engine: sa.Engine) -> None
 
 
 def test_the_metrics_exporter_reads_the_lag_of_the_configured_outbox(engine: sa.Engine) -> None:
-    from conventions import metrics
+    from conventions.observability import exporter as metrics
 
     read = metrics.default_outbox_lag(app)  # conventions_outbox_url: the shop's database
     assert read is not None

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from conventions import ConfigurationError, PayloadError
-from conventions.context import CORRELATION, REQUEST
+from conventions.tracing.context import CORRELATION, REQUEST
 from tasks import db
 from tasks.receipts import send_receipt
 from tests.integration import support_outbox as ob
@@ -138,7 +138,7 @@ def test_the_django_add_writes_in_the_atomic_block_and_refuses_to_commit_alone(
 ) -> None:
     from django.db import transaction
 
-    from conventions import django_outbox
+    from conventions.contrib import django_outbox
 
     before = len(ob.rows(db.engine()))
     with pytest.raises(RuntimeError, match="declined"), transaction.atomic():

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from conventions import outbox
-from conventions.records import Category
-from conventions.relay import Relay
+from conventions.store.records import Category
 from conventions.store.sql import make_engine
+from conventions.transactional import outbox
+from conventions.transactional.relay import Relay
 from tasks import app, db
 from tasks.receipts import send_receipt
 from tests.integration import support_outbox as ob

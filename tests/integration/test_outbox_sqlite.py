@@ -14,10 +14,10 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from conventions import outbox
-from conventions.records import utcnow
-from conventions.relay import Relay, lock_table
+from conventions.store.records import utcnow
 from conventions.store.sql import make_engine
+from conventions.transactional import outbox
+from conventions.transactional.relay import Relay, lock_table
 from tasks import app, shop
 from tasks.receipts import send_receipt
 

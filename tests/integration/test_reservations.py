@@ -22,9 +22,11 @@ import pytest
 import redis
 from kombu import Exchange
 
-from conventions import bind, context, keys
-from conventions.cli import main
-from conventions.records import AuditEvent, utcnow
+from conventions import bind
+from conventions.cli.main import main
+from conventions.store import keys
+from conventions.store.records import AuditEvent, utcnow
+from conventions.tracing import context
 from tasks import app
 from tests.fixtures import WorkerProcess
 from tests.integration.helpers import wait_for

@@ -1,4 +1,4 @@
-"""Celery's result writes riding the ledger's steps (``conventions.results``).
+"""Celery's result writes riding the ledger's steps (``conventions.transport.results``).
 
 With the store and the result backend on one Redis server, a job's STARTED write goes
 out in its claim's script and its SUCCESS write in its completion's: Redis ``MONITOR``
@@ -15,10 +15,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from conventions import audit, bind, context, results
-from conventions.records import ClaimStatus
+from conventions import bind
+from conventions.observability import audit
+from conventions.store.records import ClaimStatus
 from conventions.store.redis import RedisStore
 from conventions.store.redis_results import ResultWrite
+from conventions.tracing import context
+from conventions.transport import results
 from tasks import app
 from tests.conftest import BROKER_DB
 from tests.integration import support_jobs

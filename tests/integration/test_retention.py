@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from celery import signals
 
-from conventions import retention, settings
-from conventions.records import AuditEvent, Category, DeadLetter, utcnow
+from conventions.config import settings
+from conventions.ops import retention
 from conventions.store import Store
+from conventions.store.records import AuditEvent, Category, DeadLetter, utcnow
 from tasks import app
 from tests.integration.helpers import wait_for
 
@@ -111,7 +112,7 @@ def test_a_failing_purge_is_logged_and_the_purger_keeps_going(
         audit=DAY,
         interval=timedelta(seconds=0.05),
     )
-    with caplog.at_level(logging.ERROR, logger="conventions.retention"):
+    with caplog.at_level(logging.ERROR, logger="conventions.ops.retention"):
         purger.start()
         wait_for(lambda: len(caplog.records) >= 2, timeout=10)
         assert purger.alive

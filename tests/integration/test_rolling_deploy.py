@@ -9,10 +9,11 @@ import uuid
 import pytest
 from kombu import Connection, Producer
 
-from conventions import context, keys
 from conventions.errors import PayloadError
-from conventions.records import Category
-from conventions.replay import replay
+from conventions.ops.replay import replay
+from conventions.store import keys
+from conventions.store.records import Category
+from conventions.tracing import context
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conventions.runs import run_state, trigger
+from conventions.contrib.polling import run_state, trigger
 from tasks import app
 from tests.integration import support_capacity as cap
 from tests.integration.helpers import wait_for

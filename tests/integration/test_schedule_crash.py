@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-from conventions import scheduler
-from conventions.schedules import Occurrence
+from conventions.schedules import beat as scheduler
+from conventions.schedules.entries import Occurrence
 from tasks import app
 from tests.acceptance import support_schedules as support
 from tests.integration.helpers import wait_for

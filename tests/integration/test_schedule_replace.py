@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conventions import scheduler
+from conventions.schedules import beat as scheduler
 from tasks import app
 from tests.acceptance import support_schedules as support
 from tests.integration.helpers import wait_for

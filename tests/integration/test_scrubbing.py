@@ -21,7 +21,7 @@ import sentry_sdk
 from sentry_sdk.envelope import Envelope
 from sentry_sdk.transport import Transport
 
-from conventions import alerts
+from conventions.observability import alerts
 from tasks import app
 from tests.integration import support_scrubbing
 from tests.integration.helpers import dead_letter_of, wait_for

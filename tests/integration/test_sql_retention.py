@@ -16,10 +16,10 @@ from typing import Any, cast
 import pytest
 import sqlalchemy as sa
 
-from conventions import retention
 from conventions.app import App
-from conventions.records import ClaimStatus, utcnow
+from conventions.ops import retention
 from conventions.store import SQLStore, sql, sql_coordination, sql_tables
+from conventions.store.records import ClaimStatus, utcnow
 from tests.integration.test_store_contract import (  # noqa: F401  (fixtures)
     LEASE,
     LONG,

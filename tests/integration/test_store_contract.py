@@ -25,9 +25,16 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from conventions import keys
-from conventions.records import AuditEvent, Category, Claim, ClaimStatus, DeadLetter
-from conventions.store import RedisStore, SQLStore, Store, open_store, redis_records, resolve_url
+from conventions.store import (
+    RedisStore,
+    SQLStore,
+    Store,
+    keys,
+    open_store,
+    redis_records,
+    resolve_url,
+)
+from conventions.store.records import AuditEvent, Category, Claim, ClaimStatus, DeadLetter
 from conventions.store.sql import make_engine
 from tests.fixtures import unavailable
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conventions.records import Category
+from conventions.store.records import Category
 from tasks import app
 from tests.integration.helpers import (
     SpareRedis,
@@ -34,7 +34,7 @@ def test_a_job_delivered_while_the_store_is_down_runs_once_it_is_back(
     spare_store: SpareRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     spare_store.stop()
-    with caplog.at_level(logging.INFO, logger="conventions.runner"):
+    with caplog.at_level(logging.INFO, logger="conventions.worker.delivery"):
         task_id = _foreign_publish("testing.echo.v1", {"call_id": "outage_1"})
         wait_for(lambda: _deferred_for_the_outage(caplog, task_id) or None)
     spare_store.start()
@@ -46,7 +46,7 @@ def test_a_dead_letter_that_cannot_be_written_keeps_the_job_until_it_can(
     spare_store: SpareRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     spare_store.stop()
-    with caplog.at_level(logging.INFO, logger="conventions.runner"):
+    with caplog.at_level(logging.INFO, logger="conventions.worker.delivery"):
         task_id = _foreign_publish("testing.echo.v1", {"call_id": "bad id during outage"})
         wait_for(lambda: _deferred_for_the_outage(caplog, task_id) or None)
     spare_store.start()

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from celery.result import AsyncResult
 
-from conventions import bind, cli, context
+from conventions import bind
+from conventions.cli import main as cli
+from conventions.tracing import context
 from tasks import app
 from tests.integration.helpers import wait_for
 from tests.integration.support_tracing import flaky_fanout, plain_child, plain_parent

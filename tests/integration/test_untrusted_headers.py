@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from kombu import Connection, Producer
 
-from conventions import context, deadletter
-from conventions.records import Category
+from conventions.observability import deadletters as deadletter
+from conventions.store.records import Category
+from conventions.tracing import context
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for
@@ -102,7 +103,7 @@ def test_a_record_that_cannot_be_built_whole_keeps_what_is_known_and_the_raw_hea
             task="testing.buggy.v1", request=Hostile(), headers={}, category=Category.BUG,
             payload={}, idempotency_key=None, exc=None, reason="boom",
         )  # fmt: skip
-    from conventions.runner import Delivery
+    from conventions.worker.delivery import Delivery
 
     delivery = Delivery(support_jobs.buggy, Hostile(), {context.CORRELATION: "c1"}, {"e": "a@b.io"})
     delivery.refused = {context.FIRST_FAILED_AT: "z" * 10_000}

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from kombu import Connection, Producer
 
-from conventions import cli
-from conventions.context import CORRELATION
-from conventions.records import Category
+from conventions.cli import main as cli
+from conventions.store.records import Category
+from conventions.tracing.context import CORRELATION
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for

@@ -9,9 +9,13 @@ from statistics import mean
 
 import pytest
 
-from conventions.backoff import Backoff
+from conventions.config.settings import (
+    CELERY_REDIS_VISIBILITY,
+    COUNTDOWN_MARGIN,
+    DEFAULT_MAX_COUNTDOWN,
+)
 from conventions.errors import ConfigurationError
-from conventions.settings import CELERY_REDIS_VISIBILITY, COUNTDOWN_MARGIN, DEFAULT_MAX_COUNTDOWN
+from conventions.jobs.backoff import Backoff
 
 BACKOFF = Backoff(base=2.0, cap=60.0, max_attempts=8, jitter=1.0)
 

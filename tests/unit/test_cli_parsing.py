@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from conventions import cli
-from conventions.cli_format import (
+from conventions.cli import main as cli
+from conventions.cli.format import (
     build_trace,
     dead_letter_detail,
     dead_letter_table,
@@ -19,8 +19,8 @@ from conventions.cli_format import (
     table,
     trace_text,
 )
-from conventions.records import AuditEvent, Category, DeadLetter
-from conventions.replay import ReplayOutcome
+from conventions.ops.replay import ReplayOutcome
+from conventions.store.records import AuditEvent, Category, DeadLetter
 from conventions.task import DuplicateResult
 
 NOW = datetime(2024, 3, 10, 12, 0, tzinfo=UTC)

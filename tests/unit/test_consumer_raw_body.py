@@ -7,10 +7,10 @@ import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 
-from conventions import context
-from conventions.consumer import MAX_RAW_BODY, raw_body, record
-from conventions.records import Category
+from conventions.store.records import Category
 from conventions.store.sql import SQLStore
+from conventions.tracing import context
+from conventions.worker.consumer import MAX_RAW_BODY, raw_body, record
 
 
 def _message(body: bytes) -> SimpleNamespace:

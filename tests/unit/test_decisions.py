@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from conventions.decisions import (
+from conventions.errors import (
+    ConfigurationError,
+    PayloadError,
+    PermanentError,
+    SkipJob,
+    TransientError,
+    UncertainOutcomeError,
+)
+from conventions.jobs.decisions import (
     DEFAULT_TABLE,
     DeadLetter,
     Decision,
@@ -31,15 +39,7 @@ from conventions.decisions import (
     parse_retry_after,
     when,
 )
-from conventions.errors import (
-    ConfigurationError,
-    PayloadError,
-    PermanentError,
-    SkipJob,
-    TransientError,
-    UncertainOutcomeError,
-)
-from conventions.records import Category
+from conventions.store.records import Category
 
 decide = DEFAULT_TABLE.decide
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conventions.cli import build_parser
+from conventions.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"

@@ -9,8 +9,8 @@ import pytest
 from kombu import Exchange, Queue
 
 from conventions import App, Backoff, JobContext, Payload
-from conventions.doctor import ERROR, WARNING, Finding, static_checks
-from conventions.routing import WorkloadRouter
+from conventions.jobs.routing import WorkloadRouter
+from conventions.ops.doctor import ERROR, WARNING, Finding, static_checks
 
 
 class Ids(Payload):
@@ -32,7 +32,7 @@ def _app(**conf: Any) -> App:
         task_default_queue="email",
         conventions_workloads=workloads,
         task_time_limit=300,
-        broker_transport="conventions.broker:Transport",
+        broker_transport="conventions.transport.redis:Transport",
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     app.conf.update(conf)
@@ -180,7 +180,7 @@ def test_each_way_a_redis_broker_loses_a_late_ack_job_is_a_warning_with_the_fix(
 
 
 def test_the_stores_redis_is_checked_too_when_it_is_another_server() -> None:
-    from conventions.doctor import redis_servers
+    from conventions.ops.doctor import redis_servers
 
     same = _app(conventions_store_url="redis://localhost:6379/1")
     assert redis_servers(same.conf) == ["redis://localhost:6379/0"]
@@ -194,7 +194,7 @@ def test_the_stores_redis_is_checked_too_when_it_is_another_server() -> None:
 
 
 def test_a_redis_older_than_7_is_an_error_naming_what_needs_7() -> None:
-    from conventions.doctor import version_findings
+    from conventions.ops.doctor import version_findings
 
     (found,) = version_findings("redis host:6379", "6.2.14")
     assert (found.level, found.code) == (ERROR, "redis-too-old")
@@ -207,7 +207,7 @@ GB = 10**9
 
 
 def _audit(memory: int, **conf: Any) -> list[tuple[str, str]]:
-    from conventions.doctor import audit_findings
+    from conventions.ops.doctor import audit_findings
 
     app = _app(**{"conventions_store_url": "redis://localhost:6379/1", **conf})
     return [(f.level, f.code) for f in audit_findings("redis localhost:6379", app.conf, memory)]

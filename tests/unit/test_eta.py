@@ -21,7 +21,7 @@ from kombu import Exchange, Queue
 
 from conventions import App, Id, JobContext, Payload
 from conventions.errors import ConfigurationError
-from conventions.routing import WorkloadRouter
+from conventions.jobs.routing import WorkloadRouter
 from conventions.task import ConventionTask
 
 _NUMBERS = itertools.count(1)

@@ -11,10 +11,10 @@ import datetime as dt
 import pytest
 
 from conventions import ConfigurationError, JobContext, PayloadError
-from conventions.context import Trace
-from conventions.decisions import DeadLetter, Retry, Skip
-from conventions.records import Category
+from conventions.jobs.decisions import DeadLetter, Retry, Skip
+from conventions.store.records import Category
 from conventions.task import ConventionTask
+from conventions.tracing.context import Trace
 from examples.howto import adopt, charge_order, errors, payloads, schedule_config, v2
 from examples.howto.app import app
 from examples.howto.provider import provider

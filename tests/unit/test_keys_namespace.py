@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conventions import App, ConfigurationError, Id, JobContext, Payload, PayloadError, keys
+from conventions import App, ConfigurationError, Id, JobContext, Payload, PayloadError
+from conventions.store import keys
 
 app = App("keys-unit", set_as_current=False)
 app.conf.conventions_workloads = {"email": "email"}

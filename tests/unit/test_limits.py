@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conventions import limits
+from conventions.capacity import limits
 from conventions.errors import ConfigurationError
 from conventions.store.tokens import Bucket, pause, step
 

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from conventions import context, logs, tracing
+from conventions.tracing import context, logs
+from conventions.worker import signals as tracing
 
 
 @pytest.fixture(autouse=True)

@@ -16,10 +16,10 @@ from celery.app.utils import bugreport
 
 from conventions import ConfigurationError
 from conventions.app import App
-from conventions.cli_outbox import engine_for
-from conventions.scrubbing import scrub_text
-from conventions.settings import MASK, mask_url, masked
+from conventions.cli.outbox import engine_for
+from conventions.config.settings import MASK, mask_url, masked
 from conventions.store import resolve_url
+from conventions.tracing.scrubbing import scrub_text
 
 SECRET = "s3cret"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 
-from conventions.records import AuditEvent
+from conventions.store.records import AuditEvent
 
 
 def test_an_audit_event_round_trips_through_to_dict_with_every_field() -> None:

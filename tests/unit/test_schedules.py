@@ -8,9 +8,10 @@ import pickle
 import pytest
 from sentry_sdk.integrations.celery.beat import _get_monitor_config
 
-from conventions import schedules, watchdog
 from conventions.errors import ConfigurationError
-from conventions.schedules import Entry
+from conventions.schedules import entries as schedules
+from conventions.schedules import watchdog
+from conventions.schedules.entries import Entry
 
 UTC = dt.UTC
 

@@ -11,8 +11,10 @@ import uuid
 
 import pytest
 
-from conventions import PermanentError, alerts, logs
-from conventions.scrubbing import ScrubbedError, scrub_event, scrub_text, scrubbed
+from conventions import PermanentError
+from conventions.observability import alerts
+from conventions.tracing import logs
+from conventions.tracing.scrubbing import ScrubbedError, scrub_event, scrub_text, scrubbed
 
 ADDRESS = "someone@example.com"
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from conventions import context, web
+from conventions.contrib import web
+from conventions.tracing import context
 
 
 def seen() -> dict[str, Any]:
@@ -81,7 +82,9 @@ def django_client() -> Any:
 
     django.setup()
     urlpatterns[:] = [path("orders", django_view)]
-    with override_settings(ROOT_URLCONF=__name__, MIDDLEWARE=["conventions.web.DjangoMiddleware"]):
+    with override_settings(
+        ROOT_URLCONF=__name__, MIDDLEWARE=["conventions.contrib.web.DjangoMiddleware"]
+    ):
         yield Client()
 
 

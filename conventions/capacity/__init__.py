@@ -1,0 +1,1 @@
+"""Capacity: dependency limits (rate, concurrency), producer backpressure, leases."""

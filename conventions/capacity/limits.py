@@ -1,0 +1,268 @@
+"""Named dependency limits shared by every worker: a rate and a concurrency cap.
+
+Celery's ``rate_limit`` counts per worker process, and a rate-limited job holds its
+prefetch slot while it waits. These limits are held in the store instead, so every
+worker of the fleet shares them, and a job that cannot go now is deferred (published
+again with a countdown, no attempt spent) instead of sleeping in its slot. Declare each
+dependency once, in ``celeryconfig.py``::
+
+    conventions_limits = {
+        "smtp": "5/s",                             # a rate: one token every 0.2 s
+        "payments_api": {"concurrency": 2},        # at most 2 calls at once, fleet-wide
+        "crm": {"rate": "100/m", "burst": 10, "concurrency": 4, "lease": 15},
+    }
+
+and name the dependencies a task calls: ``@app.job(..., uses=("smtp",))``. Before the
+body runs (and before the ledger claim, so a deferral never counts as a delivery) the
+runner takes a token of each rate and a slot of each cap; slots are leases renewed by
+the lease keeper and released after the body, so a worker that dies frees them within
+``lease`` seconds. A body that gets HTTP 429 pauses the dependency's bucket for
+everyone, for its Retry-After (or one interval); :func:`pause` does it by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery.exceptions import Ignore, Reject
+
+from conventions.errors import ConfigurationError
+from conventions.jobs import decisions
+from conventions.tracing import context
+from conventions.worker.job_context import keeper
+
+if TYPE_CHECKING:
+    from conventions.store.base import Store
+    from conventions.worker.delivery import Delivery
+
+logger = logging.getLogger("conventions.capacity.limits")
+
+#: seconds a concurrency slot's lease lasts unless renewed: a dead holder frees it after
+DEFAULT_SLOT_LEASE = 15.0
+#: first and longest delay before a job that found every slot taken tries again
+SLOT_WAIT_BASE = 0.25
+SLOT_WAIT_CAP = 5.0
+#: the message header that carries the limiter's state across deferrals
+HEADER = context.LIMITS
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([a-z]+)\s*$")
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
+_UNITS |= {"h": 3600.0, "hour": 3600.0}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One dependency's limits, as declared."""
+
+    name: str
+    #: seconds between two tokens, None when the dependency has no rate
+    interval: float | None = None
+    #: tokens that may be taken at once after an idle spell (1: evenly spaced)
+    burst: int = 1
+    #: calls at once across the fleet, None when uncapped
+    concurrency: int | None = None
+    #: seconds a slot's lease lasts unless renewed
+    lease: float = DEFAULT_SLOT_LEASE
+
+    @property
+    def bucket(self) -> str:
+        return f"limit:{self.name}"
+
+    def slots(self) -> list[str]:
+        """The slot lease names, starting at a random one (spreads the first tries)."""
+        count = self.concurrency or 0
+        start = random.randrange(count) if count else 0
+        return [f"limit:{self.name}:{(start + i) % count}" for i in range(count)]
+
+
+def parse_rate(text: str, where: str = "rate") -> float:
+    """``"5/s"``, ``"100/m"``, ``"1/10s"`` -> seconds between two tokens."""
+    match = _RATE.match(str(text).lower())
+    unit = _UNITS.get(match.group(3)) if match else None
+    if not match or unit is None or float(match.group(1)) <= 0:
+        raise ConfigurationError(
+            f"{where}: {text!r} is not a rate; write '<count>/<unit>' with a unit of "
+            "s, m or h, e.g. '5/s', '100/m', '1/10s'"
+        )
+    return float(match.group(2) or 1) * unit / float(match.group(1))
+
+
+def parse(raw: Mapping[str, Any] | None) -> dict[str, Limit]:
+    """The ``conventions_limits`` setting, checked: a bad entry says the fix."""
+    limits: dict[str, Limit] = {}
+    for name, declared in (raw or {}).items():
+        where = f"conventions_limits[{name!r}]"
+        spec = {"rate": declared} if isinstance(declared, str) else declared
+        if not isinstance(spec, Mapping) or not set(spec) <= {
+            "rate", "burst", "concurrency", "lease",
+        }:  # fmt: skip
+            raise ConfigurationError(
+                f"{where}: write a rate ('5/s') or a dict with rate, burst, concurrency "
+                f"and lease, e.g. {{'concurrency': 2}}; got {spec!r}"
+            )
+        rate, concurrency = spec.get("rate"), spec.get("concurrency")
+        if rate is None and concurrency is None:
+            raise ConfigurationError(f"{where}: give a rate, a concurrency, or both")
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ConfigurationError(f"{where}: concurrency must be a whole number >= 1")
+        burst, lease = int(spec.get("burst", 1)), float(spec.get("lease", DEFAULT_SLOT_LEASE))
+        if burst < 1 or lease <= 0:
+            raise ConfigurationError(f"{where}: burst must be >= 1 and lease > 0 seconds")
+        interval = parse_rate(rate, where) if rate is not None else None
+        limits[name] = Limit(str(name), interval, burst, concurrency, lease)
+    return limits
+
+
+def check_uses(task: str, uses: tuple[str, ...], declared: Mapping[str, Limit]) -> None:
+    """At definition time: every dependency a task uses is declared."""
+    unknown = [name for name in uses if name not in declared]
+    if unknown:
+        raise ConfigurationError(
+            f"{task}: uses={unknown} names undeclared dependencies; declare them in "
+            f"conventions_limits in celeryconfig.py (declared: {sorted(declared)}), "
+            "e.g. conventions_limits = {'smtp': '5/s'}"
+        )
+
+
+def pause(store: Store, limit: Limit, seconds: float) -> None:
+    """Hold every token of ``limit`` back for ``seconds``, for every worker: call it when a
+    dependency says "slow down" in a way the layer cannot see (an SMTP 421, a quota
+    error in a response body). Jobs waiting on it are deferred, never blocked."""
+    store.pause_tokens(limit.bucket, max(0.0, seconds))
+    logger.warning("dependency %s paused for %.1fs", limit.name, seconds)
+
+
+@contextlib.contextmanager
+def admitted(delivery: Delivery) -> Iterator[None]:
+    """Run the block once the delivery holds a token of every rate and a slot of every
+    cap its task uses; else defer the delivery (``Delivery.defer`` raises)."""
+    uses: tuple[str, ...] = tuple(getattr(delivery.body, "uses", ()) or ())
+    if not uses:
+        yield
+        return
+    declared = delivery.task.settings.limits
+    limits = [declared[name] for name in uses]
+    store, state = delivery.task.store, dict(delivery.headers.pop(HEADER, None) or {})
+    try:
+        _take_tokens(delivery, store, limits, state)
+        slots = _take_slots(delivery, store, limits, state)
+    except (Ignore, Reject):  # deferred
+        raise
+    except Exception as exc:
+        delivery.defer(f"the store is unavailable ({type(exc).__qualname__})", store_down=True)
+    try:
+        yield
+    except BaseException as exc:
+        _tighten(store, limits, exc)
+        raise
+    finally:
+        for name in slots:
+            keeper.drop_lease(name, delivery.owner)
+            with contextlib.suppress(Exception):  # expiry frees it anyway
+                store.release_lease(name, delivery.owner)
+
+
+def _max_wait(delivery: Delivery) -> float:
+    return max(1.0, delivery.task.settings.max_countdown - 1.0)
+
+
+def _take_tokens(
+    delivery: Delivery, store: Store, limits: list[Limit], state: dict[str, Any]
+) -> None:
+    """A token of every bucket (a cap-only dependency's bucket only holds 429 pauses)."""
+    max_wait, booked = _max_wait(delivery), set(state.get("booked") or ())
+    waits: dict[str, float] = {}
+    for limit in limits:
+        was_booked = limit.name in booked
+        wait = store.take_token(
+            limit.bucket, limit.interval or 0.0, limit.burst, max_wait, was_booked
+        )
+        if wait > 0:
+            waits[limit.name] = wait
+            if was_booked or wait <= max_wait:
+                booked.add(limit.name)
+        else:
+            booked.discard(limit.name)
+    if not waits:
+        return
+    longest = max(waits.values())
+    countdown = longest if longest <= max_wait else max_wait * random.uniform(0.5, 1.0)
+    waiting = sorted(booked & set(waits))
+    delivery.headers[HEADER] = {"booked": waiting, "waits": state.get("waits", 0)}
+    delivery.defer(f"rate limit of {', '.join(sorted(waits))}", countdown=countdown + 0.005)
+
+
+def _take_slots(
+    delivery: Delivery, store: Store, limits: list[Limit], state: dict[str, Any]
+) -> list[str]:
+    """A slot of every cap, all or none: the keeper renews them only once all are held.
+
+    A refusal (a cap is full) or an error (the store failed between two acquisitions)
+    gives back every slot already taken, at once, and none ever reached the keeper: a
+    slot left held would be renewed for the life of the worker, one less for the fleet.
+    """
+    held: list[tuple[str, float]] = []
+    try:
+        for limit in limits:
+            if not limit.concurrency:
+                continue
+            slot = store.acquire_any(limit.slots(), delivery.owner, limit.lease)
+            if slot is None:
+                _give_back(store, held, delivery.owner)
+                _defer_for_slot(delivery, limit, state)
+            held.append((slot, limit.lease))
+    except BaseException:
+        _give_back(store, held, delivery.owner)
+        raise
+    for slot, lease in held:
+        keeper.hold_lease(store, slot, delivery.owner, lease)
+    return [slot for slot, _ in held]
+
+
+def _give_back(store: Store, held: list[tuple[str, float]], owner: str) -> None:
+    """Release slots that never reached the keeper (one the store cannot release now
+    expires after its lease, unrenewed)."""
+    while held:
+        name, _ = held.pop()
+        with contextlib.suppress(Exception):
+            store.release_lease(name, owner)
+
+
+def _defer_for_slot(delivery: Delivery, limit: Limit, state: dict[str, Any]) -> NoReturn:
+    waits = int(state.get("waits", 0)) + 1
+    delivery.headers[HEADER] = {"waits": waits}
+    countdown = min(SLOT_WAIT_CAP, SLOT_WAIT_BASE * 2 ** min(waits, 8))
+    delivery.defer(
+        f"{limit.name} is at its cap of {limit.concurrency} at once",
+        countdown=countdown * random.uniform(0.5, 1.0),
+    )
+
+
+def _tighten(store: Store, limits: list[Limit], exc: BaseException) -> None:
+    """A 429 from the body pauses every bucket the task uses, for the Retry-After or one
+    interval (one second without a rate). The body's exception is found in the chain of
+    what reached here (Celery's ``Retry`` keeps only a pickle-safe copy of it)."""
+    original = _http_429(exc)
+    if original is None:
+        return
+    after = decisions.parse_retry_after(decisions.retry_after_header(original))
+    for limit in limits:
+        seconds = after if after is not None else (limit.interval or 1.0)
+        with contextlib.suppress(Exception):
+            pause(store, limit, seconds)
+
+
+def _http_429(exc: BaseException | None) -> BaseException | None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if decisions.http_status(exc) == 429:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -1,0 +1,1 @@
+"""The ``conventions`` command: one module per group of subcommands."""

@@ -1,0 +1,264 @@
+"""What the ``conventions`` command parses and prints: durations, tables, records, traces.
+
+No broker, no store: plain functions over strings and records, tested on their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from conventions.ops.replay import ReplayOutcome
+from conventions.store.records import AuditEvent, DeadLetter
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+#: events after which a job is over, whatever comes later in its trail
+FINAL = ("succeeded", "dead_lettered", "skipped", "skipped_duplicate", "quarantined")
+#: the longest message shown in a table cell
+MESSAGE_WIDTH = 80
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30s``, ``15m``, ``2h``, ``7d``, ``2w`` or a sum like ``1h30m``; never negative."""
+    value = text.strip().lower()
+    parts = _DURATION.findall(value)
+    if not value or "".join(n + u for n, u in parts) != value:
+        raise ValueError(
+            f"invalid duration {text!r}: use a number and a unit s, m, h, d or w "
+            "(e.g. 30m, 2h, 7d, 1h30m)"
+        )
+    return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """A point in time: an ISO date or datetime (naive means UTC), or a duration ago."""
+    value = text.strip()
+    with contextlib.suppress(ValueError):
+        return (now or datetime.now(UTC)) - parse_duration(value)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"invalid time {text!r}: use an ISO date or datetime (2024-03-01, "
+            "2024-03-01T12:00) or a duration meaning that long ago (30m, 2h, 7d)"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def when(value: datetime | None, *, millis: bool = False) -> str:
+    """A time as ``2024-03-01 12:00:00Z`` (UTC; ``12:00:00.123Z`` with millis), or ``-``."""
+    if value is None:
+        return "-"
+    utc = value.astimezone(UTC)
+    if millis:
+        return utc.strftime("%Y-%m-%d %H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    return utc.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def first_line(text: str, width: int = MESSAGE_WIDTH) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces; the last column is not padded."""
+    cells = [[str(h) for h in headers], *([str(c) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        lines.append("  ".join([*padded, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def dead_letter_table(records: Sequence[DeadLetter]) -> str:
+    rows = [
+        (
+            r.id,
+            r.category,
+            r.task,
+            r.attempts,
+            when(r.last_failed_at),
+            ("[replayed] " if r.replayed_at else "") + first_line(r.message),
+        )
+        for r in records
+    ]
+    return table(("ID", "CATEGORY", "TASK", "ATTEMPTS", "LAST FAILURE", "MESSAGE"), rows)
+
+
+def dead_letter_detail(record: DeadLetter) -> str:
+    """Every field of a record, for ``dlq show``."""
+    fields = [
+        ("id", record.id),
+        ("task", record.task),
+        ("task id", record.task_id),
+        ("category", record.category),
+        ("exception", record.exc_type),
+        ("attempts", record.attempts),
+        ("first failure", when(record.first_failed_at)),
+        ("last failure", when(record.last_failed_at)),
+        ("worker", record.worker),
+        ("queue", record.queue or "-"),
+        ("correlation id", record.correlation_id or "-"),
+        ("idempotency key", record.idempotency_key or "-"),
+        ("replayed", when(record.replayed_at) if record.replayed_at else "no"),
+    ]
+    width = max(len(name) for name, _ in fields) + 1
+    out = [f"{(name + ':').ljust(width)} {value}" for name, value in fields]
+    out += ["", "message:", _indent(record.message)]
+    out += ["", "payload:", _indent(json.dumps(record.payload, indent=2, sort_keys=True))]
+    out += ["", "headers:", _indent(json.dumps(record.headers, indent=2, sort_keys=True))]
+    out += ["", "traceback:", _indent(record.traceback or "(none)")]
+    return "\n".join(out)
+
+
+def _indent(text: str, by: str = "  ") -> str:
+    return "\n".join(by + line if line else line for line in text.splitlines())
+
+
+def replay_report(outcome: ReplayOutcome) -> dict[str, Any]:
+    """One replay as JSON-ready data: its status, the new job id or why not."""
+    item: dict[str, Any] = {
+        "dead_letter_id": outcome.record_id,
+        "task_id": None,
+        "status": "replayed",
+        "error": None,
+    }
+    if outcome.result is None:
+        item.update(status="refused", error=outcome.error)
+    elif not outcome.replayed:
+        item.update(
+            status="deduplicated",
+            error=(
+                f"its idempotency key is still reserved by job {outcome.result.id}: nothing was "
+                "published and the record stays as it is (wait for that job, then replay again)"
+            ),
+        )
+    else:
+        item["task_id"] = str(outcome.result.id)
+    return item
+
+
+# -- trace -------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One job of a trace: its events, oldest first, and the jobs it caused."""
+
+    task_id: str
+    task: str
+    caused_by: str | None
+    events: list[AuditEvent] = field(default_factory=list)
+    children: list[Job] = field(default_factory=list)
+
+    @property
+    def attempts(self) -> int:
+        return max((e.attempt for e in self.events), default=0)
+
+    @property
+    def outcome(self) -> str:
+        """The last final event, else ``in progress (<last event>)``."""
+        final = [e.event for e in self.events if e.event in FINAL]
+        if final:
+            return final[-1]
+        return f"in progress ({self.events[-1].event})" if self.events else "unknown"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "task": self.task,
+            "caused_by": self.caused_by,
+            "attempts": self.attempts,
+            "outcome": self.outcome,
+            "events": [e.to_dict() for e in self.events],
+            "children": [c.to_dict() for c in self.children],
+        }
+
+
+def build_trace(events: Sequence[AuditEvent]) -> list[Job]:
+    """Group events by job and hang each job under its cause: ``job:<task id>``, or, for a
+    replay (``replay:<dead letter id>``), the job that was dead-lettered as that record."""
+    jobs: dict[str, Job] = {}
+    for event in events:
+        job = jobs.get(event.task_id)
+        if job is None:
+            job = jobs[event.task_id] = Job(event.task_id, event.task, None)
+        job.events.append(event)
+    dead_letters: dict[str, str] = {}
+    for job in jobs.values():
+        published = [e for e in job.events if e.event == "published" and e.causation_id]
+        causes = published or [e for e in job.events if e.causation_id]
+        job.caused_by = causes[0].causation_id if causes else None
+        for event in job.events:
+            if event.event == "dead_lettered" and event.detail.get("dead_letter_id"):
+                dead_letters[str(event.detail["dead_letter_id"])] = job.task_id
+    roots: list[Job] = []
+    for job in jobs.values():
+        parent = _parent(job, jobs, dead_letters)
+        if parent is None or _is_ancestor(job, parent, jobs, dead_letters):
+            roots.append(job)
+        else:
+            parent.children.append(job)
+    return roots
+
+
+def _parent(job: Job, jobs: dict[str, Job], dead_letters: dict[str, str]) -> Job | None:
+    kind, _, ref = (job.caused_by or "").partition(":")
+    if kind == "job":
+        parent = jobs.get(ref)
+    elif kind == "replay":
+        parent = jobs.get(dead_letters.get(ref, ""))
+    else:
+        parent = None
+    return parent if parent is not job else None
+
+
+def _is_ancestor(
+    job: Job, candidate: Job, jobs: dict[str, Job], dead_letters: dict[str, str]
+) -> bool:
+    """Is ``job`` above ``candidate`` already (a causation cycle: keep ``job`` a root)?"""
+    seen: set[str] = set()
+    current: Job | None = candidate
+    while current is not None and current.task_id not in seen:
+        if current is job:
+            return True
+        seen.add(current.task_id)
+        current = _parent(current, jobs, dead_letters)
+    return False
+
+
+def trace_text(correlation_id: str, roots: Sequence[Job]) -> str:
+    if not roots:
+        return f"no audit events for correlation id {correlation_id}"
+    out = [f"correlation {correlation_id}"]
+
+    def render(job: Job, depth: int) -> None:
+        pad = "    " * depth
+        cause = f"  caused by {job.caused_by}" if job.caused_by else ""
+        out.append(
+            f"{pad}{job.task} [{job.task_id}]  attempts {job.attempts}  -> {job.outcome}{cause}"
+        )
+        for event in job.events:
+            out.append(
+                f"{pad}    {when(event.at, millis=True)}  {event.event:<17} attempt {event.attempt}"
+                f"{_detail(event.detail)}"
+            )
+        for child in job.children:
+            render(child, depth + 1)
+
+    for root in roots:
+        render(root, 0)
+    return "\n".join(out)
+
+
+def _detail(detail: dict[str, Any]) -> str:
+    if not detail:
+        return ""
+    return "  " + " ".join(f"{k}={first_line(str(v), 60)}" for k, v in detail.items())

@@ -1,0 +1,177 @@
+"""The observability commands of ``conventions``: ``metrics serve`` and ``queues``.
+
+    conventions metrics serve [--port 9808] [--addr 127.0.0.1] [--consumers-every 15]
+                              [--outbox-lag MODULE:FUNC]
+    conventions queues [--json] [--watch] [--interval 2] [--count N]
+
+``queues`` prints one row per queue: depth, the oldest waiting job's age, its SLO, the
+workers consuming it, and (from the second frame of ``--watch`` on) the rates of jobs
+published into it and finished out of it, from the store's counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any, TextIO
+
+from conventions.observability import exporter as metrics
+from conventions.observability import queues
+from conventions.store import counts
+
+#: the events that take a job out of its queue's work for good (the "out" rate)
+FINISHED = ("succeeded", "skipped", "skipped_duplicate", "dead_lettered")
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``metrics`` and ``queues`` to the ``conventions`` subcommands."""
+    parser = commands.add_parser("metrics", help="the Prometheus exporter")
+    actions = parser.add_subparsers(dest="metrics_command", required=True, metavar="ACTION")
+    serve = actions.add_parser("serve", help="serve /metrics for Prometheus")
+    serve.add_argument("--port", type=int, default=metrics.DEFAULT_PORT)
+    serve.add_argument(
+        "--addr",
+        help="address to listen on (default: conventions_metrics_addr, else 127.0.0.1; "
+        "/metrics has no auth, so 0.0.0.0 only behind a network you trust)",
+    )
+    serve.add_argument(
+        "--consumers-every",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how often to ask the workers which queues they consume (default 15)",
+    )
+    serve.add_argument(
+        "--outbox-lag",
+        metavar="MODULE:FUNC",
+        help="FUNC(app) returns the outbox lag in seconds (default: conventions.transactional.outbox.lag "
+        "when it exists)",
+    )
+    view = commands.add_parser("queues", help="depth, oldest job, consumers and rates")
+    view.add_argument("--json", action="store_true", help="print JSON (one line per frame)")
+    view.add_argument("--watch", action="store_true", help="redraw every --interval")
+    view.add_argument("--interval", type=float, default=2.0, metavar="SECONDS")
+    view.add_argument("--count", type=int, default=0, metavar="N", help="stop after N frames")
+
+
+def metrics_command(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    lag = (
+        metrics.load_callable(args.outbox_lag, app)
+        if args.outbox_lag
+        else metrics.default_outbox_lag(app)
+    )
+    addr = metrics.bind_address(app, args.addr)
+    print(f"serving metrics on http://{addr}:{args.port}/metrics", file=err, flush=True)
+    metrics.serve(app, args.port, addr, consumers_every=args.consumers_every, outbox_lag=lag)
+    return 0
+
+
+def queues_command(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    reader = queues.from_app(app)
+    task_queues = metrics.queue_of_tasks(app)
+    slos = metrics.slos(app, reader.queues)
+    frames = args.count if args.count > 0 else (0 if args.watch else 1)
+    previous: tuple[float, dict[str, tuple[int, int]]] | None = None
+    shown = 0
+    try:
+        while True:
+            states = reader.read(queues.consumers(app, timeout=1.0))
+            now, flows = time.monotonic(), _flows(app.store.counters(), task_queues)
+            rates = _rates(previous, (now, flows))
+            previous = (now, flows)
+            rows = [_row(state, slos, rates) for state in states]
+            if args.json:
+                print(json.dumps(rows), file=out)
+            else:
+                if args.watch and out.isatty():
+                    print("\x1b[H\x1b[2J", end="", file=out)
+                print(table(rows), file=out)
+            out.flush()
+            shown += 1
+            if frames and shown >= frames:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        reader.close()
+
+
+def _flows(
+    counters: dict[tuple[str, str], int], task_queues: dict[str, str]
+) -> dict[str, tuple[int, int]]:
+    """Per queue: (jobs published into it, jobs finished out of it), all time."""
+    out: dict[str, tuple[int, int]] = {}
+    for (event, task), value in counts.events(counters).items():
+        queue = task_queues.get(task)
+        if queue is None:
+            continue
+        into, done = out.get(queue, (0, 0))
+        if event == "published":
+            into += value
+        elif event in FINISHED:
+            done += value
+        out[queue] = (into, done)
+    return out
+
+
+def _rates(
+    before: tuple[float, dict[str, tuple[int, int]]] | None,
+    after: tuple[float, dict[str, tuple[int, int]]],
+) -> dict[str, tuple[float, float]]:
+    if before is None or after[0] <= before[0]:
+        return {}
+    elapsed = after[0] - before[0]
+    out = {}
+    for queue, (into, done) in after[1].items():
+        was_in, was_done = before[1].get(queue, (0, 0))
+        out[queue] = ((into - was_in) / elapsed, (done - was_done) / elapsed)
+    return out
+
+
+def _row(
+    state: queues.QueueState, slos: dict[str, float], rates: dict[str, tuple[float, float]]
+) -> dict[str, Any]:
+    row = state.to_dict()
+    row["slo"] = slos.get(state.queue)
+    in_rate, out_rate = rates.get(state.queue, (None, None))
+    row["in_per_s"], row["out_per_s"] = in_rate, out_rate
+    return row
+
+
+def _age(seconds: float | None, source: str) -> str:
+    if seconds is None:
+        return "-" if source == "empty" else "?"
+    text = f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
+    return f">={text}" if source == "seen" else text
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The terminal table of ``queues``; an age over its SLO is marked ``!``."""
+    header = ("QUEUE", "DEPTH", "OLDEST", "SLO", "CONSUMERS", "IN/S", "OUT/S")
+    lines = [header]
+    for row in rows:
+        age = _age(row["oldest_age"], row["age_source"])
+        late = row["oldest_age"] is not None and row["slo"] and row["oldest_age"] > row["slo"]
+        lines.append(
+            (
+                row["queue"],
+                str(row["depth"]),
+                f"{age} !" if late else age,
+                f"{row['slo']:.0f}s" if row["slo"] else "-",
+                "?" if row["consumers"] is None else str(row["consumers"]),
+                _rate(row["in_per_s"]),
+                _rate(row["out_per_s"]),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                  enumerate(zip(line, widths, strict=True))).rstrip()
+        for line in lines
+    )  # fmt: skip

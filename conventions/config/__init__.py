@@ -1,0 +1,1 @@
+"""The layer's settings and the one reliable profile to adopt."""

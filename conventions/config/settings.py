@@ -1,0 +1,197 @@
+"""The layer's own settings, read from the Celery app's configuration with defaults.
+
+``celeryconfig.py`` is the only place that reads the environment; this module only reads
+``app.conf``. Every setting is listed in ``docs/reference/settings.md``.
+
+It also masks what is shown of the settings. Celery hides the values of the settings it
+knows (``broker_url``, names holding ``backend``, ``PASS``, ``SECRET``, ``DATABASE``...)
+when it prints them (``celery report``, ``celery inspect conf``, Flower's config tab),
+but not ``conventions_store_url``, a project's ``REDIS_URL`` or ``*_smtp_url``:
+:class:`MaskedSettings` masks the password of every URL in any setting, whatever its name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from celery.app.utils import Settings as CelerySettings
+from celery.app.utils import sanitize_url
+
+from conventions.capacity import backpressure, limits
+from conventions.capacity.backpressure import Bound
+from conventions.capacity.limits import Limit
+from conventions.ops.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
+from conventions.store.redis_records import AUDIT_MAX_EVENTS, AUDIT_MAX_TRAILS
+
+#: seconds a ledger lease lasts before another execution may take the key over
+DEFAULT_LEASE = 30.0
+#: a job claimed this many times for one attempt without finishing is a poison pill
+DEFAULT_MAX_DELIVERIES = 3
+#: how long a succeeded key is remembered by the ledger (seconds)
+DEFAULT_LEDGER_KEEP = 7 * 86400.0
+#: hard time limit of a task that declares none (seconds)
+DEFAULT_TIME_LIMIT = 300.0
+#: Redis visibility timeout Celery uses when none is configured (seconds)
+CELERY_REDIS_VISIBILITY = 3600.0
+#: margin kept between the longest countdown and the visibility timeout (seconds)
+COUNTDOWN_MARGIN = 60.0
+#: longest countdown on brokers without a visibility timeout (RabbitMQ's consumer timeout
+#: is 30 minutes by default, and a worker holds an ETA message unacked until it is due)
+DEFAULT_MAX_COUNTDOWN = 900.0
+#: what replaces a password where settings are shown (Celery's own mask)
+MASK = "********"
+#: a query parameter or ``key=value`` pair that carries a secret (``?password=``,
+#: ``auth_token=``, libpq's ``password=``)
+SECRET_PAIR = re.compile(
+    r"(?i)(?<![\w-])((?:[\w-]*_)?(?:password|passwd|pass|pwd|secret|token|api_?key|access_?key)"
+    r"\s*=\s*)[^&;#\s]+"
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The layer's settings for one app."""
+
+    store_url: str | None
+    lease: float
+    max_deliveries: int
+    ledger_keep: float
+    default_time_limit: float
+    workload_time_limits: dict[str, float]
+    max_countdown: float
+    #: do workers purge dead letters and audit trails on their own?
+    retention_enabled: bool
+    #: seconds a dead letter is kept after its last failure
+    dead_letter_retention: float
+    #: seconds an audit trail is kept after its last event
+    audit_retention: float
+    #: seconds between two purges of a worker
+    retention_interval: float
+    #: the most audit trails (correlation ids) a Redis store keeps; 0: no cap
+    audit_max_trails: int = AUDIT_MAX_TRAILS
+    #: the most events one audit trail keeps (its newest) on Redis; 0: no cap
+    audit_max_events: int = AUDIT_MAX_EVENTS
+    #: named dependency limits (``conventions_limits``), shared by every worker
+    limits: dict[str, Limit] = field(default_factory=dict)
+    #: per-queue bounds on depth or oldest age (``conventions_backpressure``); off if empty
+    backpressure: dict[str, Bound] = field(default_factory=dict)
+
+
+def _broker_url(conf: Any) -> str:
+    url = conf.get("broker_url") or ""
+    return url if isinstance(url, str) else ""
+
+
+def max_countdown(conf: Any) -> float:
+    """The longest safe countdown: below the Redis visibility timeout, with a margin.
+
+    Redis redelivers a message that stays unacked longer than the visibility timeout,
+    and a worker keeps an ETA message unacked until it is due (celery/kombu#337).
+    """
+    explicit = conf.get("conventions_max_countdown")
+    if explicit:
+        return float(explicit)
+    url = _broker_url(conf)
+    if url.startswith(("redis", "rediss", "sentinel")):
+        options = conf.get("broker_transport_options") or {}
+        visibility = float(options.get("visibility_timeout", CELERY_REDIS_VISIBILITY))
+        return max(visibility - COUNTDOWN_MARGIN, 1.0)
+    return DEFAULT_MAX_COUNTDOWN
+
+
+def read(conf: Any) -> Settings:
+    """The settings of ``conf`` (a Celery ``app.conf``)."""
+    return Settings(
+        store_url=conf.get("conventions_store_url"),
+        lease=float(conf.get("conventions_lease_seconds") or DEFAULT_LEASE),
+        max_deliveries=int(conf.get("conventions_max_deliveries") or DEFAULT_MAX_DELIVERIES),
+        ledger_keep=float(conf.get("conventions_ledger_keep_seconds") or DEFAULT_LEDGER_KEEP),
+        default_time_limit=float(conf.get("conventions_default_time_limit") or DEFAULT_TIME_LIMIT),
+        workload_time_limits=dict(conf.get("conventions_workload_time_limits") or {}),
+        max_countdown=max_countdown(conf),
+        retention_enabled=_enabled(conf.get("conventions_retention_enabled")),
+        dead_letter_retention=_seconds(
+            conf, "conventions_dead_letter_retention_seconds", DEAD_LETTER_RETENTION
+        ),
+        audit_retention=_seconds(conf, "conventions_audit_retention_seconds", AUDIT_RETENTION),
+        retention_interval=_seconds(
+            conf, "conventions_retention_interval_seconds", RETENTION_INTERVAL
+        ),
+        audit_max_trails=_count(conf, "conventions_audit_max_trails", AUDIT_MAX_TRAILS),
+        audit_max_events=_count(conf, "conventions_audit_max_events", AUDIT_MAX_EVENTS),
+        limits=limits.parse(conf.get("conventions_limits")),
+        backpressure=backpressure.parse(conf.get("conventions_backpressure")),
+    )
+
+
+def store_options(conf: Settings) -> dict[str, Any]:
+    """What a Redis store takes from the settings: the audit trail's lifetime and caps."""
+    return {
+        "audit_ttl": conf.audit_retention,
+        "audit_max_trails": conf.audit_max_trails,
+        "audit_max_events": conf.audit_max_events,
+    }
+
+
+def _count(conf: Any, name: str, default: int) -> int:
+    """A count of 0 or more (0: no cap); unset gives ``default``."""
+    value = conf.get(name)
+    if value is None or value == "":
+        return default
+    count = int(value)
+    if count < 0:
+        raise ValueError(f"{name} = {value!r}: give a count of 0 or more (0: no cap)")
+    return count
+
+
+def _enabled(value: Any) -> bool:
+    return value is None or bool(value)
+
+
+def _seconds(conf: Any, name: str, default: timedelta) -> float:
+    """A positive number of seconds; unset, 0 or negative gives ``default``."""
+    value = float(conf.get(name) or 0)
+    return value if value > 0 else default.total_seconds()
+
+
+# -- what is shown of the settings -----------------------------------------------------
+
+
+def mask_url(url: str) -> str:
+    """``url`` with every password masked (each host of a failover list, and secret
+    query parameters); the scheme, user, hosts and path are kept for diagnosis."""
+    return SECRET_PAIR.sub(rf"\g<1>{MASK}", str(sanitize_url(url, mask=MASK)))
+
+
+def masked(value: Any, key: str = "") -> Any:
+    """``value`` as it may be shown: every URL or ``key=value`` secret in it masked, in
+    mappings, lists and tuples too. A DSN's user part is its key (Sentry's), so under a
+    name ending in ``dsn`` the whole user part is masked."""
+    if isinstance(value, str):
+        if "://" not in value:
+            return SECRET_PAIR.sub(rf"\g<1>{MASK}", value)
+        shown = mask_url(value)
+        if key.lower().endswith("dsn"):
+            shown = re.sub(r"://[^/@]+@", f"://{MASK}@", shown)
+        return shown
+    if isinstance(value, Mapping):
+        return {name: masked(item, str(name)) for name, item in value.items()}
+    if isinstance(value, list):
+        return [masked(item, key) for item in value]
+    if isinstance(value, tuple):
+        return tuple(masked(item, key) for item in value)
+    return value
+
+
+class MaskedSettings(CelerySettings):  # type: ignore[misc]
+    """Celery's settings whose shown table (``celery report``, ``inspect conf``) masks
+    every URL-like value on top of Celery's own censoring; the values themselves are
+    untouched (``app.conf.conventions_store_url`` keeps its password)."""
+
+    def table(self, with_defaults: bool = False, censored: bool = True) -> dict[str, Any]:
+        shown = super().table(with_defaults, censored)
+        return {key: masked(value, str(key)) for key, value in shown.items()} if censored else shown

@@ -1,0 +1,1 @@
+"""Integrations: web middleware, trigger-and-poll helpers, the Django outbox app."""

@@ -1,0 +1,1 @@
+"""Declaring a job: payloads, workloads and queues, backoff, error decisions."""

@@ -1,0 +1,1 @@
+"""What operators see: audit trail, alerts, progress, queues, dead letters, exporter."""

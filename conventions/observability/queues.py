@@ -1,0 +1,218 @@
+"""Queue state read straight from the Redis broker: depth, oldest waiting job, consumers.
+
+No events stream is needed, and no queue is ever scanned. kombu keeps each queue as a
+Redis list (plus one list per priority step: ``<queue>\\x06\\x163``...); producers ``LPUSH``
+and consumers ``BRPOP``, so the next message to run, the oldest waiting one, is at index
+-1. A read is one pipeline of ``LLEN`` + ``LINDEX -1`` per list (both O(1)): eight commands
+per queue with kombu's four priority steps, whatever the depth.
+
+The oldest job's age is measured from when it became due: our ``cc_enqueued_at`` header,
+or its ETA when later (a retry or a deferral waits for its countdown first). A message
+without either (a foreign producer) has no age of its own: the reader then reports how
+long it has seen that same message at the head of the queue (``age_source`` ``seen``), a
+lower bound, and ``unknown`` the first time.
+
+Consumers come from the workers themselves (``inspect().active_queues()``, a broadcast
+that waits ``timeout`` for the replies): an exporter refreshes them in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from conventions.jobs import routing
+from conventions.tracing import context
+
+#: kombu's defaults for the Redis transport (``broker_transport_options`` may change them)
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One queue as the broker holds it now."""
+
+    queue: str
+    #: messages waiting, every priority step included
+    depth: int
+    #: seconds the oldest waiting job has been due (None: the queue is empty, or unknown)
+    oldest_age: float | None
+    #: ``header`` (cc_enqueued_at / ETA), ``seen`` (a lower bound), ``unknown`` or ``empty``
+    age_source: str
+    #: workers consuming the queue (None: not asked)
+    consumers: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def waiting_since(enqueued_at: Any, eta: Any) -> datetime | None:
+    """When a job became due: its publish time, or its ETA when that is later."""
+    times = [t for t in (_parse_time(enqueued_at), _parse_time(eta)) if t is not None]
+    return max(times) if times else None
+
+
+def waited(enqueued_at: Any, eta: Any, now: datetime | None = None) -> float | None:
+    """Seconds a job has waited since it became due (never negative), or None."""
+    since = waiting_since(enqueued_at, eta)
+    if since is None:
+        return None
+    return max(0.0, ((now or datetime.now(UTC)) - since).total_seconds())
+
+
+def _head(raw: str | None) -> tuple[datetime | None, str | None]:
+    """When the message at the head of a list became due, and its delivery tag."""
+    if raw is None:
+        return None, None
+    try:
+        message = json.loads(raw)
+        headers = message.get("headers") or {}
+        tag = (message.get("properties") or {}).get("delivery_tag")
+    except (ValueError, AttributeError):
+        return None, None
+    return waiting_since(headers.get(context.ENQUEUED_AT), headers.get("eta")), tag
+
+
+class BrokerQueues:
+    """Reads queue state from the broker's Redis, O(1) commands per queue.
+
+    Keeps, per queue, the delivery tag first seen at its head (for messages without a
+    time of their own); one instance per exporter, so that memory spans its scrapes.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        queues: Sequence[str],
+        *,
+        priority_steps: Sequence[int] = PRIORITY_STEPS,
+        sep: str = PRIORITY_SEP,
+        key_prefix: str = "",
+        owns_client: bool = False,
+    ) -> None:
+        self.client = client
+        #: close the client with the reader (a client made by ``from_app``)
+        self.owns_client = owns_client
+        self.queues = list(queues)
+        self.priority_steps = sorted(set(priority_steps))
+        self.sep = sep
+        self.key_prefix = key_prefix
+        self._seen: dict[str, tuple[str, float]] = {}
+
+    def close(self) -> None:
+        if self.owns_client:
+            self.client.close()
+
+    def __enter__(self) -> BrokerQueues:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def lists(self, queue: str) -> list[str]:
+        """The Redis lists of ``queue``: one per priority step (kombu's names)."""
+        return [
+            f"{self.key_prefix}{queue}{self.sep}{step}" if step else f"{self.key_prefix}{queue}"
+            for step in self.priority_steps
+        ]
+
+    def read(self, consumers: Mapping[str, int] | None = None) -> list[QueueState]:
+        """Every queue's state, in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for queue in self.queues:
+                for key in self.lists(queue):
+                    pipe.llen(key)
+                    pipe.lindex(key, -1)
+            replies = pipe.execute()
+        now, wall = datetime.now(UTC), time.monotonic()
+        out, width = [], 2 * len(self.priority_steps)
+        for index, queue in enumerate(self.queues):
+            chunk = replies[index * width : (index + 1) * width]
+            heads = [_decode(raw) for raw in chunk[1::2]]
+            state = self._state(queue, sum(int(n) for n in chunk[0::2]), heads, now, wall)
+            if consumers is not None:
+                state = QueueState(**{**asdict(state), "consumers": consumers.get(queue, 0)})
+            out.append(state)
+        return out
+
+    def _state(
+        self, queue: str, depth: int, heads: list[str | None], now: datetime, wall: float
+    ) -> QueueState:
+        if depth == 0:
+            self._seen.pop(queue, None)
+            return QueueState(queue, 0, None, "empty")
+        parsed = [_head(raw) for raw in heads if raw is not None]
+        dues = [due for due, _ in parsed if due is not None]
+        if dues:
+            age = max(0.0, (now - min(dues)).total_seconds())
+            return QueueState(queue, depth, age, "header")
+        tag = next((str(t) for _, t in parsed if t), "")  # the next one to run
+        first = self._seen.get(queue)
+        if first is None or first[0] != tag or not tag:
+            self._seen[queue] = (tag, wall)
+            return QueueState(queue, depth, None, "unknown")
+        return QueueState(queue, depth, wall - first[1], "seen")
+
+
+def _decode(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def queue_names(app: Any) -> list[str]:
+    """Every queue the app declares (``task_queues``), else its workloads' queues."""
+    declared = app.conf.task_queues or routing.queues_for(routing.workloads(app.conf))
+    return sorted({q.name for q in declared})
+
+
+def from_app(app: Any, client: redis.Redis | None = None) -> BrokerQueues:
+    """A reader for the app's broker and queues (a Redis broker only)."""
+    url = str(app.conf.broker_url or "").split(";")[0]
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(
+            f"queue state is read from a Redis broker (redis://, rediss://, unix://), "
+            f"not {url.split(':', 1)[0]!r}"
+        )
+    options = app.conf.broker_transport_options or {}
+    return BrokerQueues(
+        client or redis.Redis.from_url(url),
+        queue_names(app),
+        priority_steps=options.get("priority_steps", PRIORITY_STEPS),
+        sep=options.get("sep", PRIORITY_SEP),
+        key_prefix=options.get("global_keyprefix", ""),
+        owns_client=client is None,
+    )
+
+
+def consumers(app: Any, timeout: float = 1.0) -> dict[str, int]:
+    """How many workers consume each queue (a queue no worker named: 0)."""
+    replies = app.control.inspect(timeout=timeout).active_queues()
+    return count_consumers((replies or {}).values())
+
+
+def count_consumers(replies: Iterable[Any]) -> dict[str, int]:
+    """``active_queues`` replies (one list of queue dicts per worker) -> workers per queue."""
+    out: dict[str, int] = {}
+    for queues in replies:
+        for name in {q.get("name") for q in queues or [] if isinstance(q, dict)}:
+            if name:
+                out[name] = out.get(name, 0) + 1
+    return out

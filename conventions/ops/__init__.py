@@ -1,0 +1,1 @@
+"""Operating the layer: the doctor, retention, audited replay of dead letters."""

@@ -1,0 +1,355 @@
+"""``conventions doctor``: find the dangerous combinations before they lose a job.
+
+Static checks read the app's configuration and its registered tasks (and ask the
+broker's Redis for two server settings); they run at every worker start, where an
+error refuses to start the worker and a warning is logged. Live checks
+(``conventions.ops.doctor_live``) ask the running workers which queues they consume and
+the broker how long each queue is.
+
+Every finding has a stable ``code``; ``conventions_doctor_levels`` in the app's
+configuration turns a code into ``"error"``, ``"warning"`` or ``"off"`` (a laptop's
+Redis without persistence, say: an error by default, since a restart loses every queued
+job). Each message says the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery.exceptions import QueueNotFound
+
+from conventions.config import settings as settingslib
+from conventions.store.redis_records import AUDIT_BYTES_PER_JOB
+from conventions.tracing.scrubbing import scrub_text
+from conventions.transport.redis import INBOX_TRANSPORT
+
+logger = logging.getLogger("conventions.ops.doctor")
+
+ERROR = "error"
+WARNING = "warning"
+OFF = "off"
+#: RabbitMQ's default ``consumer_timeout``: an unacked delivery older than this closes
+#: the channel (seconds)
+RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+#: what a serializer named pickle is called on the wire, too
+PICKLE = {"pickle", "application/x-python-serialize"}
+#: the share of the broker's memory the audit trail may take at its cap before the
+#: doctor warns (the queues need the rest, and at OOM a ``noeviction`` Redis refuses writes)
+AUDIT_MEMORY_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: its level, a stable code, what it is about, and the fix."""
+
+    level: str
+    code: str
+    subject: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    def line(self) -> str:
+        return f"{self.level.upper():<8}{self.code}  {self.subject}: {self.message}"
+
+
+def broker_kind(conf: Any) -> str:
+    """``redis``, ``amqp`` or the broker URL's scheme."""
+    scheme = urlsplit(str(conf.get("broker_url") or "")).scheme
+    if scheme in ("redis", "rediss", "sentinel", "redis+socket"):
+        return "redis"
+    if scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
+        return "amqp"
+    return scheme or "unknown"
+
+
+def visibility_timeout(conf: Any) -> float:
+    options = conf.get("broker_transport_options") or {}
+    return float(options.get("visibility_timeout", settingslib.CELERY_REDIS_VISIBILITY))
+
+
+def consumer_timeout(conf: Any) -> float:
+    return float(conf.get("conventions_broker_consumer_timeout") or RABBITMQ_CONSUMER_TIMEOUT)
+
+
+def user_tasks(app: Any) -> list[Any]:
+    """The app's tasks, Celery's own ``celery.*`` tasks left out."""
+    return [t for name, t in sorted(app.tasks.items()) if not name.startswith("celery.")]
+
+
+def queue_of(app: Any, task: Any) -> str:
+    """The queue ``task`` is routed to; raises ``QueueNotFound`` for an undeclared one."""
+    route = app.amqp.router.route({}, task.name, (), {}, task_type=task)
+    queue = route.get("queue")
+    return str(getattr(queue, "name", queue))
+
+
+def static_checks(app: Any, *, server: bool = True) -> list[Finding]:
+    """Every static finding, with the app's level overrides applied; ``server=False``
+    skips asking the broker's Redis for its settings."""
+    findings = list(_config_checks(app.conf))
+    for task in user_tasks(app):
+        findings.extend(_task_checks(app, task))
+    if server:
+        for url in redis_servers(app.conf):
+            findings.extend(_redis_server_checks(url, app.conf))
+    return apply_levels(findings, app.conf)
+
+
+def apply_levels(findings: Iterable[Finding], conf: Any) -> list[Finding]:
+    levels: Mapping[str, str] = conf.get("conventions_doctor_levels") or {}
+    out = []
+    for finding in findings:
+        level = levels.get(finding.code, finding.level)
+        if level != OFF:
+            out.append(Finding(level, finding.code, finding.subject, finding.message))
+    return out
+
+
+def errors(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == ERROR]
+
+
+def _config_checks(conf: Any) -> Iterator[Finding]:
+    accepted = set(conf.get("accept_content") or ()) | set(conf.get("result_accept_content") or ())
+    serializers = {conf.get("task_serializer"), conf.get("result_serializer")}
+    if (accepted | serializers) & PICKLE:
+        yield Finding(
+            ERROR, "pickle-accepted", "serializers",
+            "pickle is accepted or used: anyone who can publish to the broker can run code "
+            "in the worker; set task_serializer/result_serializer = 'json' and "
+            "accept_content = result_accept_content = ['json']",
+        )  # fmt: skip
+    explicit = conf.get("conventions_max_countdown")
+    if explicit and broker_kind(conf) == "redis" and float(explicit) >= visibility_timeout(conf):
+        yield Finding(
+            ERROR, "countdown-beyond-visibility", "conventions_max_countdown",
+            f"{float(explicit):.0f}s is not below the visibility timeout "
+            f"({visibility_timeout(conf):.0f}s): Redis delivers a longer-waiting ETA message "
+            "twice; lower it or raise broker_transport_options['visibility_timeout']",
+        )  # fmt: skip
+    yield from _redis_delivery_checks(conf)
+    if conf.get("task_create_missing_queues"):
+        yield Finding(
+            WARNING, "missing-queues-created", "task_create_missing_queues",
+            "a typo in a queue name creates a queue nobody consumes; set "
+            "task_create_missing_queues = False and declare task_queues",
+        )  # fmt: skip
+
+
+def _redis_delivery_checks(conf: Any) -> Iterator[Finding]:
+    """The three ways a Redis broker loses a late-ack job that the chaos suite found."""
+    if urlsplit(str(conf.get("broker_url") or "")).scheme not in ("redis", "rediss"):
+        return
+    transport = conf.get("broker_transport")
+    if not (transport == INBOX_TRANSPORT or getattr(transport, "Channel", None) is not None):
+        yield Finding(
+            WARNING, "redis-fetch-unsafe", "broker_transport",
+            "kombu's Redis fetch (BRPOP, then a second command) loses the message a worker "
+            f"is fetching when it is killed; set broker_transport = '{INBOX_TRANSPORT}'",
+        )  # fmt: skip
+    cancel = "worker_cancel_long_running_tasks_on_connection_loss"
+    if conf.get(cancel):
+        yield Finding(
+            WARNING, "cancel-on-connection-loss", cancel,
+            "on Redis, a late-ack job cancelled when the connection drops is then acked: "
+            "its message is lost; set it to False (the ledger makes a second run harmless)",
+        )  # fmt: skip
+    if conf.get("result_backend") and not conf.get("result_backend_always_retry"):
+        yield Finding(
+            WARNING, "result-write-not-retried", "result_backend_always_retry",
+            "a result write (STARTED, or the final state) that fails on a lost connection "
+            "fails the job outside its body and Celery acks it; set "
+            "result_backend_always_retry = True",
+        )  # fmt: skip
+
+
+def _task_checks(app: Any, task: Any) -> Iterator[Finding]:
+    conf, name = app.conf, task.name
+    try:
+        queue_of(app, task)
+    except QueueNotFound as exc:
+        yield Finding(
+            ERROR, "route-undeclared-queue", name,
+            f"routed to an undeclared queue ({exc}): declare it in task_queues (or map the "
+            "task's workload to a declared queue in conventions_workloads)",
+        )  # fmt: skip
+    if getattr(task, "acks_late", False) and not getattr(task, "reject_on_worker_lost", False):
+        yield Finding(
+            ERROR, "acks-late-without-reject", name,
+            "acks_late without reject_on_worker_lost: a job whose worker process dies is "
+            "acked and lost; set task_reject_on_worker_lost = True",
+        )  # fmt: skip
+    limit = task.time_limit or conf.get("task_time_limit")
+    if not limit:
+        yield Finding(
+            WARNING, "no-time-limit", name,
+            "no hard time limit: a stuck job holds its worker process forever; set "
+            "time_limit= on the task or task_time_limit",
+        )  # fmt: skip
+    yield from _timeout_checks(conf, name, float(limit or 0), _retry_cap(task))
+
+
+def _retry_cap(task: Any) -> float:
+    backoff = getattr(task, "backoff", None)
+    return float(getattr(backoff, "cap", 0) or 0) if backoff is not None else 0.0
+
+
+def _timeout_checks(conf: Any, name: str, limit: float, cap: float) -> Iterator[Finding]:
+    kind = broker_kind(conf)
+    if kind == "redis":
+        visibility = visibility_timeout(conf)
+        if limit > visibility:
+            yield Finding(
+                ERROR, "time-limit-beyond-visibility", name,
+                f"time limit {limit:.0f}s is beyond the visibility timeout ({visibility:.0f}s): "
+                "Redis redelivers the running job to another worker; raise "
+                "broker_transport_options['visibility_timeout'] above the longest time limit "
+                "plus the longest retry delay, or lower the time limit",
+            )  # fmt: skip
+        if cap >= visibility:
+            yield Finding(
+                ERROR, "countdown-beyond-visibility", name,
+                f"Backoff(cap={cap:.0f}) is not below the visibility timeout "
+                f"({visibility:.0f}s): a retry waiting that long is delivered twice; lower "
+                f"the cap below {settingslib.max_countdown(conf):.0f}s or raise "
+                "broker_transport_options['visibility_timeout']",
+            )  # fmt: skip
+    elif kind == "amqp" and limit > consumer_timeout(conf):
+        yield Finding(
+            ERROR, "time-limit-beyond-consumer-timeout", name,
+            f"time limit {limit:.0f}s is beyond RabbitMQ's consumer_timeout "
+            f"({consumer_timeout(conf):.0f}s): the broker closes the channel and redelivers; "
+            "raise consumer_timeout on the server (and conventions_broker_consumer_timeout)",
+        )  # fmt: skip
+    max_countdown = settingslib.max_countdown(conf)
+    if max_countdown < cap and not (kind == "redis" and cap >= visibility_timeout(conf)):
+        yield Finding(
+            WARNING, "retry-cap-clamped", name,
+            f"Backoff(cap={cap:.0f}) is above the broker's safe countdown "
+            f"({max_countdown:.0f}s): longer delays are shortened to it; lower the cap",
+        )  # fmt: skip
+
+
+def redis_servers(conf: Any) -> list[str]:
+    """The URL of each Redis server the app keeps jobs in: the broker's, and the store's
+    when it is another server (the same settings matter there: it holds the ledger)."""
+    urls = [str(conf.get("broker_url"))] if broker_kind(conf) == "redis" else []
+    store = str(conf.get("conventions_store_url") or "")
+    if urlsplit(store).scheme in ("redis", "rediss") and _where(store) not in map(_where, urls):
+        urls.append(store)
+    return urls
+
+
+#: the oldest Redis the layer runs on: ``SET NX GET`` and ``ZADD GT`` in the store,
+#: ``BLMOVE`` in the transport
+OLDEST_REDIS = (7, 0)
+
+
+def version_findings(where: str, version: str) -> Iterator[Finding]:
+    """An error when the server's ``redis_version`` is older than :data:`OLDEST_REDIS`."""
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return
+    if version and found < OLDEST_REDIS:
+        yield Finding(
+            ERROR, "redis-too-old", where,
+            f"Redis {version}: the layer needs 7.0 or newer (SET NX GET and ZADD GT in the "
+            "store, BLMOVE in the transport); upgrade the server",
+        )  # fmt: skip
+
+
+def audit_findings(where: str, conf: Any, memory: int) -> Iterator[Finding]:
+    """A warning when the store's audit trail shares the broker's Redis server
+    (``memory`` bytes: its ``maxmemory``, else the machine's) and may grow, at its cap,
+    beyond :data:`AUDIT_MEMORY_SHARE` of it; the estimate is the sizing rule of the
+    settings reference (bytes per job x trails kept)."""
+    store = str(conf.get("conventions_store_url") or "")
+    if broker_kind(conf) != "redis" or urlsplit(store).scheme not in ("redis", "rediss"):
+        return
+    if not _where(store) == _where(str(conf.get("broker_url"))) == where or memory <= 0:
+        return
+    conventions = settingslib.read(conf)
+    trails, days = conventions.audit_max_trails, conventions.audit_retention / 86400
+    fix = (
+        "lower conventions_audit_max_trails or conventions_audit_retention_seconds, or "
+        "give the store a Redis of its own (conventions_store_url)"
+    )
+    if trails == 0:
+        yield Finding(
+            WARNING, "audit-fills-broker", where,
+            f"the audit trail has no cap (conventions_audit_max_trails = 0) and shares the "
+            f"broker's server: about {AUDIT_BYTES_PER_JOB} bytes per job for {days:.0f} days "
+            f"(10 jobs/s: {AUDIT_BYTES_PER_JOB * 10 * 86400 * days / 1e9:.1f} GB); {fix}",
+        )  # fmt: skip
+        return
+    bound = trails * AUDIT_BYTES_PER_JOB
+    if bound > AUDIT_MEMORY_SHARE * memory:
+        yield Finding(
+            WARNING, "audit-fills-broker", where,
+            f"the audit trail may take {bound / 1e6:.0f} MB ({trails} trails x about "
+            f"{AUDIT_BYTES_PER_JOB} bytes) of this server's {memory / 1e6:.0f} MB, which the "
+            f"queues share (at OOM, workers stop draining); {fix}",
+        )  # fmt: skip
+
+
+def _memory(client: Any) -> int:
+    """The server's ``maxmemory``, else the machine's memory (0 when unknown)."""
+    limit = int(client.config_get("maxmemory").get("maxmemory") or 0)
+    return limit or int(client.info("memory").get("total_system_memory") or 0)
+
+
+def _redis_server_checks(url: str, conf: Any) -> Iterator[Finding]:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
+        with client:
+            with contextlib.suppress(redis.RedisError):  # INFO refused: the calls will say
+                yield from version_findings(
+                    _where(url), str(client.info("server")["redis_version"])
+                )
+            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+            persistence = client.config_get("appendonly").get("appendonly") == "yes" or bool(
+                client.config_get("save").get("save")
+            )
+            memory = _memory(client)
+    except redis.RedisError as exc:
+        yield Finding(
+            WARNING, "redis-config-unreadable", _where(url),
+            f"could not read the server's settings ({scrub_text(str(exc))}); make sure "
+            "maxmemory-policy is noeviction and persistence (AOF) is on",
+        )  # fmt: skip
+        return
+    if policy != "noeviction":
+        yield Finding(
+            ERROR, "redis-eviction", _where(url),
+            f"maxmemory-policy is {policy!r}: a full Redis silently drops queued jobs and "
+            "idempotency keys; set maxmemory-policy noeviction",
+        )  # fmt: skip
+    if not persistence:
+        yield Finding(
+            ERROR, "redis-no-persistence", _where(url),
+            "neither AOF nor RDB snapshots are on: a Redis restart loses every queued job "
+            "and every idempotency key; run redis-server --appendonly yes (a throwaway "
+            "Redis: conventions_doctor_levels = {'redis-no-persistence': 'warning'})",
+        )  # fmt: skip
+    yield from audit_findings(_where(url), conf, memory)
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(url)
+    return f"redis {parts.hostname}:{parts.port or 6379}"
+
+
+def format_text(findings: list[Finding]) -> str:
+    if not findings:
+        return "ok: no findings"
+    return "\n".join(f.line() for f in sorted(findings, key=lambda f: (f.level != ERROR, f.code)))

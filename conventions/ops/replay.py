@@ -1,0 +1,149 @@
+"""Replaying dead letters: publish the original payload again, on purpose, on the record.
+
+A replay keeps what made the job *that* job: its payload, its idempotency key (so a side
+effect that did happen is still not repeated) and its correlation id (so the trace shows
+the replay beside the failure). It names the dead letter as its cause and the operator
+as its actor, marks the record replayed and writes a ``replayed`` audit event saying who
+replayed it and why.
+
+Refused, with a message that says what to do: an empty reason, a task declared
+``replayable=False`` (it moves money, say) or a record already replayed, unless forced.
+A replay whose idempotency key is still reserved by a live job is reported as
+``deduplicated`` and the record is left unmarked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+
+from conventions.observability import audit
+from conventions.store.records import DeadLetter, utcnow
+from conventions.task import ConventionTask
+from conventions.tracing import context
+
+if TYPE_CHECKING:
+    from conventions.app import App
+
+
+class ReplayRefused(PermissionError):
+    """The replay was refused: the message says why and how to override it."""
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """What became of one dead letter in a bulk replay."""
+
+    record_id: str
+    #: the new job's handle (``result.deduplicated`` is True when nothing was published)
+    result: AsyncResult[Any] | None = None
+    #: why the replay was refused or failed, when it was
+    error: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.result is not None and not getattr(self.result, "deduplicated", False)
+
+
+def _task_of(app: App, record: DeadLetter) -> ConventionTask:
+    task = app.tasks.get(record.task)
+    if not isinstance(task, ConventionTask):
+        raise LookupError(
+            f"dead letter {record.id}: task {record.task!r} is not a registered convention "
+            "task of this app (was it renamed or removed? point -A at the app that has it)"
+        )
+    return task
+
+
+def replay(
+    app: App, record_id: str, *, reason: str, actor: str, force: bool = False
+) -> AsyncResult[Any]:
+    """Publish dead letter ``record_id`` again; return the new job's handle.
+
+    Raises ``ValueError`` for an empty reason, ``LookupError`` for an unknown record or
+    task, ``ReplayRefused`` (a ``PermissionError``) when the task is not replayable or the
+    record was already replayed and ``force`` is not set, and ``PayloadError`` when the
+    stored payload no longer validates. When the returned result has
+    ``deduplicated == True`` nothing was published and the record was left unmarked.
+    """
+    reason = reason.strip()
+    if not reason:
+        raise ValueError("a replay needs a reason (it is kept in the audit trail)")
+    store = app.store
+    record = store.get_dead_letter(record_id)
+    if record is None:
+        raise LookupError(f"no dead letter with id {record_id!r}")
+    task = _task_of(app, record)
+    if not task.replayable and not force:
+        raise ReplayRefused(
+            f"dead letter {record.id}: {record.task} is declared replayable=False (its "
+            "effect must not happen twice by accident): check it did not happen, then "
+            "replay with force"
+        )
+    if record.replayed_at is not None and not force:
+        raise ReplayRefused(
+            f"dead letter {record.id} was already replayed at "
+            f"{record.replayed_at.isoformat(timespec='seconds')}: replay with force to "
+            "publish it once more"
+        )
+    correlation = record.correlation_id or record.headers.get(context.CORRELATION)
+    headers: dict[str, str] = {
+        context.REPLAY_OF: record.id,
+        context.CAUSATION: f"replay:{record.id}",
+        context.ACTOR: actor,
+    }
+    if correlation:
+        headers[context.CORRELATION] = str(correlation)
+    for name in (context.SCHEDULE, context.OCCURRENCE):  # a beat key stays the job's key
+        if isinstance(record.headers.get(name), str):
+            headers[name] = record.headers[name]
+    result: AsyncResult[Any] = task.apply_async(
+        kwargs=record.payload, idempotency_key=record.idempotency_key, headers=headers
+    )
+    if getattr(result, "deduplicated", False):
+        return result
+    store.put_dead_letter(dataclasses.replace(record, replayed_at=utcnow()))
+    if record.idempotency_key:
+        headers[context.IDEMPOTENCY_KEY] = record.idempotency_key
+    audit.record(
+        store,
+        "replayed",
+        record.task,
+        str(result.id),
+        headers,
+        detail={
+            "actor": actor,
+            "reason": reason,
+            "dead_letter_id": record.id,
+            "forced": force,
+            "replay_of_task_id": record.task_id,
+        },
+    )
+    return result
+
+
+def replay_many(
+    app: App, *, task: str, reason: str, actor: str, force: bool = False
+) -> list[ReplayOutcome]:
+    """Replay every dead letter of ``task`` not replayed yet, oldest first.
+
+    One outcome per record; a refused or failed record does not stop the others.
+    Records already replayed are left alone even with ``force`` (replay those by id).
+    """
+    if not reason.strip():
+        raise ValueError("a replay needs a reason (it is kept in the audit trail)")
+    store = app.store
+    limit = max(store.count_dead_letters(), 1)
+    records = [r for r in store.list_dead_letters(task=task, limit=limit) if r.replayed_at is None]
+    outcomes: list[ReplayOutcome] = []
+    for record in reversed(records):
+        try:
+            result = replay(app, record.id, reason=reason, actor=actor, force=force)
+        except (PermissionError, LookupError, ValueError) as exc:
+            outcomes.append(ReplayOutcome(record.id, error=str(exc)))
+            continue
+        outcomes.append(ReplayOutcome(record.id, result=result))
+    return outcomes

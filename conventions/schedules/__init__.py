@@ -1,0 +1,1 @@
+"""Schedules: entries with business keys, overlap policies and the watchdog."""

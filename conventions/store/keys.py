@@ -1,0 +1,235 @@
+"""Every Redis key the layer writes, in one place.
+
+All keys live under one prefix (``cc:`` by default) so that a deployment can share a
+Redis database with other applications, and a test run can use a random prefix and
+delete exactly its own keys afterwards (``SCAN MATCH {prefix}*``).
+
+Layout (``{p}`` is the prefix)::
+
+    {p}dedup:{key}              string  job id holding the enqueue reservation (PX ttl)
+    {p}print:{key}              string  payload fingerprint of that reservation (same PX)
+    {p}ledger:{key}             hash    state, owner, outcome, print (PX lease or PX keep)
+    {p}deliveries:{delivery}    string  claim counter of one delivery (PX delivery_ttl)
+    {p}dl:rec:{id}              hash    data (DeadLetter JSON), indexes (JSON key list)
+    {p}dl:all                   zset    id -> last_failed_at (POSIX seconds)
+    {p}dl:task:{task}           zset    same, one task
+    {p}dl:cat:{category}        zset    same, one category
+    {p}dl:cat-task:{cat}:{task} zset    same, one category and one task
+    {p}audit:log:{correlation}  list    AuditEvent JSON, append order (EXPIRE audit_ttl)
+    {p}audit:by-time            zset    correlation id -> time of its last event
+    {p}lease:{name}             string  owner of a named lease (PX ttl)
+    {p}state:{name}             string  a small JSON document (PX ttl or none)
+    {p}counts                   hash    <name>|<task> -> count (conventions.store.counts)
+    {p}bucket:{name}            hash    tat, use, paused: a token bucket (PX until idle)
+
+The category comes before the task in ``dl:cat-task:`` because categories never hold a
+colon while task names may: the key stays unambiguous.
+
+Idempotency keys themselves are namespaced by task here too (:func:`namespaced`): the
+store keeps ``payments.apply_event:payment-event:evt_1``, never the bare key a template
+renders, so two tasks whose templates render the same string never share a reservation
+or a ledger entry. The namespace is the task's name without its version, so v1 and v2
+of one job (an upcaster and its target) share their keys. A key is checked where it is
+chosen (:func:`checked`): an empty key or one over :data:`MAX_KEY_LENGTH` is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Final
+
+from conventions.errors import PayloadError
+
+#: the prefix of every key when none is configured
+DEFAULT_PREFIX: Final = "cc:"
+
+#: the longest idempotency key accepted, in characters, before the task's namespace: it
+#: fits ``once()``'s marker column (``cc_processed_jobs.key``, 255) and the idempotency
+#: key field of the common payment providers (Stripe's ``Idempotency-Key``: 255)
+MAX_KEY_LENGTH: Final = 255
+#: a task name's version suffix (``.v2``), left out of its key namespace
+_VERSION = re.compile(r"\.v[0-9]+$")
+
+#: the payload fingerprint an enqueue reservation was taken with (PX as the reservation)
+PRINT: Final = "print:"
+#: enqueue dedup reservation of an idempotency key (value: the reserving job id)
+DEDUP: Final = "dedup:"
+#: execution ledger entry of an idempotency key (hash: state, owner, outcome)
+LEDGER: Final = "ledger:"
+#: how many times one delivery (a broker message) was claimed: poison detection
+DELIVERIES: Final = "deliveries:"
+
+#: one dead-letter record, by id
+DEAD_LETTER: Final = "dl:rec:"
+#: index of every dead letter by last failure time
+DEAD_LETTERS_ALL: Final = "dl:all"
+#: index of the dead letters of one task by last failure time
+DEAD_LETTERS_BY_TASK: Final = "dl:task:"
+#: index of the dead letters of one category by last failure time
+DEAD_LETTERS_BY_CATEGORY: Final = "dl:cat:"
+#: index of the dead letters of one category and one task by last failure time
+DEAD_LETTERS_BY_CATEGORY_TASK: Final = "dl:cat-task:"
+
+#: audit trail of one correlation id (a list, oldest first)
+AUDIT: Final = "audit:log:"
+#: index of correlation ids by the time of their last event, for purging
+AUDIT_BY_TIME: Final = "audit:by-time"
+
+#: a named lease (per-key lock, concurrency slot, schedule overlap)
+LEASE: Final = "lease:"
+#: a small JSON state document (checkpoint, progress, schedule run)
+STATE: Final = "state:"
+#: the counters every audit event moves, for the metrics exporter (one hash)
+COUNTS: Final = "counts"
+#: a token bucket of a dependency rate limit (hash: tat, use, paused)
+BUCKET: Final = "bucket:"
+
+
+def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The enqueue reservation key of idempotency key ``key``."""
+    return f"{prefix}{DEDUP}{key}"
+
+
+def dedup_print(key: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The payload fingerprint of the enqueue reservation of ``key``."""
+    return f"{prefix}{PRINT}{key}"
+
+
+def ledger(key: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The execution ledger key of idempotency key ``key``."""
+    return f"{prefix}{LEDGER}{key}"
+
+
+def deliveries(delivery_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The claim counter of one delivery."""
+    return f"{prefix}{DELIVERIES}{delivery_id}"
+
+
+def dead_letter(record_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of one dead-letter record."""
+    return f"{prefix}{DEAD_LETTER}{record_id}"
+
+
+def dead_letters_index(
+    task: str | None = None, category: str | None = None, prefix: str = DEFAULT_PREFIX
+) -> str:
+    """The sorted set that indexes the dead letters matching ``task`` and ``category``.
+
+    Each filter combination has its own index, so a filtered listing reads exactly the
+    records it returns and never scans the others.
+    """
+    if task is not None and category is not None:
+        return f"{prefix}{DEAD_LETTERS_BY_CATEGORY_TASK}{category}:{task}"
+    if task is not None:
+        return f"{prefix}{DEAD_LETTERS_BY_TASK}{task}"
+    if category is not None:
+        return f"{prefix}{DEAD_LETTERS_BY_CATEGORY}{category}"
+    return f"{prefix}{DEAD_LETTERS_ALL}"
+
+
+def dead_letter_indexes(task: str, category: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Every index one record with this task and category belongs to."""
+    return [
+        dead_letters_index(prefix=prefix),
+        dead_letters_index(task=task, prefix=prefix),
+        dead_letters_index(category=category, prefix=prefix),
+        dead_letters_index(task=task, category=category, prefix=prefix),
+    ]
+
+
+def audit(correlation_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The audit trail (a list) of one correlation id."""
+    return f"{prefix}{AUDIT}{correlation_id}"
+
+
+def audit_by_time(prefix: str = DEFAULT_PREFIX) -> str:
+    """The sorted set of correlation ids by the time of their last event."""
+    return f"{prefix}{AUDIT_BY_TIME}"
+
+
+def counts(prefix: str = DEFAULT_PREFIX) -> str:
+    """The hash of counters (``<name>|<task>`` -> count) the audit events move."""
+    return f"{prefix}{COUNTS}"
+
+
+def pattern(prefix: str = DEFAULT_PREFIX) -> str:
+    """A ``SCAN MATCH`` pattern for every key under ``prefix`` (glob characters escaped)."""
+    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix)
+    return f"{escaped}*"
+
+
+def lease(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of the named lease ``name``."""
+    return f"{prefix}{LEASE}{name}"
+
+
+def state(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of the state document ``name``."""
+    return f"{prefix}{STATE}{name}"
+
+
+def bucket(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key of the token bucket ``name``."""
+    return f"{prefix}{BUCKET}{name}"
+
+
+def namespace(task_name: str) -> str:
+    """The key namespace of a task: its name without the version
+    (``payments.apply_event.v1`` -> ``payments.apply_event``)."""
+    return _VERSION.sub("", task_name)
+
+
+def namespaced(task_name: str, key: str) -> str:
+    """The key the store keeps for ``key`` of task ``task_name``. A key that already
+    carries the namespace (a dead letter's, an outbox row's) is kept as it is."""
+    prefix = f"{namespace(task_name)}:"
+    return key if key.startswith(prefix) else f"{prefix}{key}"
+
+
+def bare(task_name: str, key: str) -> str:
+    """``key`` without the task's namespace: the key the body sees and providers get."""
+    prefix = f"{namespace(task_name)}:"
+    return key[len(prefix) :] if key.startswith(prefix) else key
+
+
+def checked(task_name: str, key: object) -> str:
+    """``key`` as a string, or PayloadError when it is empty (or blank) or longer than
+    :data:`MAX_KEY_LENGTH`: a key that names no effect, or one no marker column or
+    provider keeps, is refused where it is chosen."""
+    text = key if isinstance(key, str) else str(key)
+    problem = None
+    if not text.strip():
+        problem = ("the idempotency key is empty", "key_empty")
+    elif len(text) > MAX_KEY_LENGTH:
+        problem = (
+            f"the idempotency key is {len(text)} characters, over the limit of {MAX_KEY_LENGTH}",
+            "key_too_long",
+        )
+    if problem is None:
+        return text
+    raise PayloadError(
+        errors=[{"loc": ["idempotency_key"], "msg": problem[0], "type": problem[1]}],
+        task=task_name,
+    )
+
+
+def fingerprint(task_name: str, data: dict[str, Any]) -> str:
+    """A short fingerprint of a payload: ``<version>:<16 hex digits>`` (BLAKE2b of its
+    canonical JSON). ``data`` is the payload as the published task's model validates it
+    (``model_dump(mode="json")``, what ``.delay()`` publishes), so the publisher and the
+    worker compute it on the same form; the version says which model that was."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
+    version = task_name.rpartition(".")[2] if _VERSION.search(task_name) else ""
+    return f"{version}:{digest}"
+
+
+def conflicting(held: str | None, given: str | None) -> bool:
+    """Whether two fingerprints of one key name different payloads. Only fingerprints of
+    one version compare: a v1 and a v2 payload of one job are different forms, and one
+    recorded without a fingerprint (before the upgrade) conflicts with none."""
+    if not held or not given or held == given:
+        return False
+    return held.partition(":")[0] == given.partition(":")[0]

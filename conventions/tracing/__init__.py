@@ -1,0 +1,1 @@
+"""Correlation: the trace context, its headers, scrubbing, and log records."""

@@ -1,0 +1,154 @@
+"""The shape of a kombu envelope, checked where the transport claims an entry.
+
+Any client of the broker's Redis can push anything into a queue's list. kombu trusts
+what it pops: an entry that is JSON but not the envelope kombu writes (``headers`` a list
+or a string, an unknown ``body_encoding``, a body that is not a string or not valid
+base64, a delivery tag that is a list...) raises inside the transport's fetch, the
+worker stops with "Unrecoverable error", and the entry, given back, stops the next
+worker too. :func:`read` checks every field kombu relies on, with the type kombu itself
+writes, and turns whatever does not pass (or is not JSON at all) into a message of its
+own content type: the layer's consumer dead-letters it as ``unparseable`` with the
+reason, and the worker carries on.
+
+The wrapped message keeps the head of the raw entry (``deadletter.MAX_RAW_BODY`` bytes),
+its size and its sha256, never more: a 20 MB entry of junk does not travel on as one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+
+from conventions.observability.deadletters import MAX_RAW_BODY
+
+#: the content type of a wrapped entry that was not a kombu message
+UNPARSEABLE = "application/x-conventions-unparseable"
+#: the property of a wrapped entry that says why, how large it was and its digest
+WRAPPED = "x-conventions-unparseable"
+#: the longest delivery tag taken (kombu writes UUIDs: 36 characters)
+MAX_TAG = 256
+_MISSING = object()
+
+
+def read(entry: bytes, queue: str, codecs: Mapping[str, Any], decode: Callable[..., Any]) -> (
+    tuple[dict[str, Any], str, str, str]
+):  # fmt: skip
+    """The envelope in ``entry``, with its delivery tag, exchange and routing key; an
+    entry that is not a well-formed kombu envelope comes back wrapped for the dead
+    letters (``codecs``/``decode``: the channel's body codecs and ``decode_body``)."""
+    try:
+        payload = loads(bytes_to_str(entry))
+    except Exception as exc:
+        return _wrapped(entry, queue, f"not a kombu message: not JSON ({type(exc).__name__})")
+    if not isinstance(payload, dict):
+        return _wrapped(entry, queue, f"not a kombu message: JSON {_kind(payload)}")
+    reason = problem(payload, codecs, decode)
+    if reason is not None:
+        return _wrapped(entry, queue, f"malformed envelope: {reason}")
+    properties = payload["properties"]
+    info = properties["delivery_info"]
+    return payload, properties["delivery_tag"], info["exchange"], info["routing_key"]
+
+
+def problem(
+    payload: dict[str, Any], codecs: Mapping[str, Any], decode: Callable[..., Any]
+) -> str | None:
+    """What is wrong with a kombu envelope, or None: each field kombu reads must have the
+    type kombu writes, and the body must decode as its ``body_encoding`` says."""
+    properties = payload.get("properties", _MISSING)
+    if not isinstance(properties, dict):
+        return f"properties is {_kind(properties)}, not an object"
+    tag = properties.get("delivery_tag", _MISSING)
+    if not isinstance(tag, str) or not tag:
+        return f"properties.delivery_tag is {_kind(tag)}, not a string"
+    if len(tag) > MAX_TAG:
+        return f"properties.delivery_tag is {len(tag)} characters long (at most {MAX_TAG})"
+    info = properties.get("delivery_info", _MISSING)
+    if not isinstance(info, dict):
+        return f"properties.delivery_info is {_kind(info)}, not an object"
+    for name in ("exchange", "routing_key"):
+        value = info.get(name, _MISSING)
+        if not isinstance(value, str):
+            return f"properties.delivery_info.{name} is {_kind(value)}, not a string"
+    headers = payload.get("headers")
+    if headers is not None and not isinstance(headers, dict):
+        return f"headers is {_kind(headers)}, not an object"
+    for name in ("content-type", "content-encoding"):
+        value = payload.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"{name} is {_kind(value)}, not a string"
+    body = payload.get("body", _MISSING)
+    if not isinstance(body, str):
+        return f"body is {_kind(body)}, not a string"
+    encoding = properties.get("body_encoding")
+    if encoding is None:
+        return None
+    if not isinstance(encoding, str):
+        return f"properties.body_encoding is {_kind(encoding)}, not a string"
+    if encoding.lower() != "utf-8" and encoding not in codecs:
+        return f"unknown properties.body_encoding {encoding[:40]!r}"
+    try:
+        decode(body, encoding)  # kombu decodes it again: a cost paid only by base64 bodies
+    except Exception as exc:
+        return f"the body is not valid {encoding[:40]} ({type(exc).__name__}: {exc})"[:300]
+    return None
+
+
+def _kind(value: Any) -> str:
+    if value is _MISSING:
+        return "missing"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def wrap_unparseable(entry: bytes, queue: str, reason: str) -> dict[str, Any]:
+    """A kombu message carrying the head of an entry that was not a well-formed one,
+    with why, its full size and its sha256, for the consumer's dead letter."""
+    return {
+        "body": base64.b64encode(entry[:MAX_RAW_BODY]).decode("ascii"),
+        "content-encoding": "binary",
+        "content-type": UNPARSEABLE,
+        "headers": {},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            WRAPPED: {
+                "reason": reason,
+                "size": len(entry),
+                "sha256": hashlib.sha256(entry).hexdigest(),
+            },
+        },
+    }
+
+
+def _wrapped(entry: bytes, queue: str, reason: str) -> tuple[dict[str, Any], str, str, str]:
+    payload = wrap_unparseable(entry, queue, reason)
+    return payload, payload["properties"]["delivery_tag"], "", queue
+
+
+def wrapped_facts(message: Any) -> dict[str, Any] | None:
+    """What the transport said about a wrapped entry (reason, size, sha256), or None for
+    a message that is not one."""
+    if message.content_type != UNPARSEABLE:
+        return None
+    properties = message.properties if isinstance(message.properties, dict) else {}
+    facts = properties.get(WRAPPED)
+    return facts if isinstance(facts, dict) else {"reason": "not a kombu message"}

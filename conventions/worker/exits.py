@@ -1,0 +1,236 @@
+"""The run path's ways out after a failure: retry, dead letter and quarantine.
+
+Kept apart from ``runner`` so that the run path reads top to bottom and each stays
+small. ``Exits`` is a mixin of ``runner.Delivery``: the record is written to the store
+*before* the message is acked or rejected (on Redis a rejected message is deleted, so
+the store is its only home), and a store that cannot take the record keeps the job
+(``Delivery.store_down``: published again) rather than losing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery.exceptions import Ignore, Reject, Retry
+
+from conventions.errors import PayloadError
+from conventions.jobs.decisions import Retry as RetryDecision
+from conventions.observability import alerts
+from conventions.observability import deadletters as deadletter
+from conventions.store import keys
+from conventions.store.records import Category, DeadLetter, utcnow
+from conventions.tracing import context, scrubbing
+
+if TYPE_CHECKING:
+    from conventions.task import ConventionTask
+
+logger = logging.getLogger("conventions.worker.delivery")
+
+#: an option our own publishes carry so that the app's send_task does not check twice
+READY = "_cc_ready"
+
+
+class Exits:
+    """Retry, dead letter, quarantine and the FAILURE a rejected message still owes."""
+
+    task: ConventionTask
+    request: Any
+    headers: dict[str, Any]
+    kwargs: dict[str, Any]
+    key: str | None
+    refused: dict[str, Any]
+
+    if TYPE_CHECKING:  # provided by ``runner.Delivery``
+
+        @property
+        def attempt(self) -> int: ...
+        @property
+        def body(self) -> ConventionTask: ...
+        def audit(self, name: str, **detail: Any) -> None: ...
+        def give_up_claim(self) -> None: ...
+        def store_down(self, exc: BaseException, purpose: str = "") -> NoReturn: ...
+
+    def quarantine(self, deliveries: int) -> NoReturn:
+        """The job was claimed too often without finishing: it kills its worker (or its
+        way out kept failing: a retry or completion that could not be recorded)."""
+        reason = (
+            f"claimed {deliveries} times for attempt {self.attempt} without finishing: "
+            "the job keeps killing its worker, or its outcome could not be recorded"
+        )
+        self.give_up_claim()
+        self.dead_letter(None, Category.POISON, reason, alert=True)
+        self.audit("quarantined", deliveries=deliveries)
+        self.settle_result(Reject(reason, requeue=False))
+        raise Reject(reason, requeue=False)
+
+    def settle_result(self, exc: BaseException) -> None:
+        """A rejected message never reaches Celery's result handling: store FAILURE so
+        that a caller waiting on ``.get()`` gets an answer instead of waiting forever."""
+        task = self.task
+        if task.ignore_result:
+            return
+        try:
+            task.backend.mark_as_failure(
+                self.request.id, exc, request=self.request, call_errbacks=False
+            )
+        except Exception:
+            logger.warning("%s[%s]: could not store its failure", task.name, self.request.id,
+                           exc_info=True)  # fmt: skip
+
+    def record(self, exc: BaseException | None, category: Category, reason: str) -> DeadLetter:
+        """The dead-letter record; one that cannot be built whole (a foreign value the
+        readers let through and the record chokes on) is still built from what is known
+        for sure plus the raw headers: the job is never lost for want of a record."""
+        first = context.read_header(
+            context.FIRST_FAILED_AT, self.headers.get(context.FIRST_FAILED_AT)
+        )
+        try:
+            return deadletter.build(
+                task=self.task.name,
+                request=self.request,
+                headers=self.headers,
+                category=category,
+                payload=self.payload_kept(category),
+                idempotency_key=self.key,
+                exc=exc,
+                reason=reason,
+                first_failed_at=context.parse_time(first) if first else None,
+                refused=self.refused,
+            )
+        except Exception as error:
+            logger.warning("%s[%s]: its dead-letter record could not be built whole (%s)",
+                           self.task.name, self.request.id, type(error).__qualname__)  # fmt: skip
+            return deadletter.fallback(
+                task=self.task.name, task_id=getattr(self.request, "id", None),
+                category=category, payload=self.kwargs,
+                raw_headers={**self.headers, **self.refused}, reason=reason, error=error,
+            )  # fmt: skip
+
+    def payload_kept(self, category: Category) -> dict[str, Any]:
+        """The payload the record keeps. Kwargs the payload model refused (``invalid``)
+        were never checked against the payload rules, so they may hold personal data:
+        their strings are scrubbed (``deadletter.scrub_payload``), as the consumer's raw
+        bodies are. A valid payload holds ids only and is kept as it is, for replay."""
+        if category is Category.INVALID:
+            return dict(deadletter.scrub_payload(self.kwargs))
+        return self.kwargs
+
+    def carried_reservation(self) -> str | None:
+        """The key this job's producer reserved, when the worker derived none (a payload
+        it refuses: a newer producer's extra field in a rolling deploy): the one the
+        message carries. Taken from any producer, it can only free this job's own
+        reservation: ``unreserve`` drops one only while this job id holds it."""
+        carried = self.headers.get(context.IDEMPOTENCY_KEY)
+        return keys.namespaced(self.task.name, carried) if carried else None
+
+    def dead_letter(
+        self, exc: BaseException | None, category: Category, reason: str, alert: bool = False
+    ) -> None:
+        """Write the record first, then audit and log (an alert also goes to Sentry); the
+        caller then acks or rejects."""
+        task, request = self.task, self.request
+        record = self.record(exc, category, reason)
+        reserved = self.key or self.carried_reservation()
+        try:
+            # the reservation first: a written record never leaves its key reserved
+            if reserved:
+                task.store.unreserve(reserved, request.id)
+            task.store.put_dead_letter(record)
+        except Exception as write_error:
+            # no home for the record: keep the job instead (it runs again later)
+            self.store_down(write_error, " for the dead letter")
+        self.audit(
+            "dead_lettered", category=str(category), dead_letter_id=record.id,
+            reason=record.message,
+        )  # fmt: skip
+        line = (
+            f"{task.name}[{request.id}] dead-lettered as {category} ({record.id}): {record.message}"
+        )
+        if alert:
+            bare = keys.bare(task.name, self.key) if self.key else None  # as providers see it
+            tags = {
+                "task": task.name, "queue": record.queue, "idempotency_key": bare,
+                "correlation_id": record.correlation_id, "category": str(category),
+            }  # fmt: skip
+            alerts.alert(line, exc=exc, tags={k: v for k, v in tags.items() if v is not None})
+        else:
+            alerts.mark_handled(exc)  # a decision, not an error report: no Sentry event
+            logger.error("%s", line)
+
+    def retry(self, exc: Exception, decision: RetryDecision) -> NoReturn:
+        """Publish the next attempt as Celery's ``Task.retry`` does (the same id and
+        options, ``retries + 1``, then ``Retry`` so that Celery records RETRY), and only
+        then say ``retried``. The claim is given up first, so that the retry finds the
+        key free; the enqueue reservation stays (duplicates published meanwhile dedup).
+        A retry that cannot be published leaves this message to be delivered again
+        (requeued, not acked, as ``defer`` does), where Celery's own ``retry`` rejects it
+        for good (``Reject(requeue=False)``: on Redis, deleted)."""
+        task, request = self.task, self.request
+        countdown = self.body.backoff.countdown(
+            self.attempt, decision.delay, task.settings.max_countdown
+        )
+        headers = dict(self.headers)
+        headers.setdefault(context.FIRST_FAILED_AT, utcnow().isoformat())
+        if decision.reconcile:
+            headers[context.RECONCILE] = "1"
+        else:
+            headers.pop(context.RECONCILE, None)
+        self.give_up_claim()
+        if request.is_eager:  # nothing to publish: Celery runs the retry in place
+            raise task.retry(
+                exc=scrubbing.scrubbed(exc), countdown=countdown, headers=headers, **{READY: True}
+            )
+        signature = task.signature_from_request(
+            request, None, None, countdown=countdown, retries=(request.retries or 0) + 1,
+            headers=headers, **{READY: True},
+        )  # fmt: skip
+        try:
+            signature.apply_async()
+        except Exception as publish_error:
+            self.retry_refused(exc, publish_error)
+        self.audit(
+            "retried", delay=round(countdown, 3), reason=decision.reason,
+            exc_type=type(exc).__qualname__,
+        )  # fmt: skip
+        logger.warning(
+            "%s[%s] attempt %d failed (%s: %s); retrying in %.2fs",
+            task.name, request.id, self.attempt, type(exc).__qualname__, exc, countdown,
+        )  # fmt: skip
+        raise Retry(exc=scrubbing.scrubbed(exc), when=countdown, sig=signature)
+
+    def retry_refused(self, exc: Exception, publish_error: Exception) -> NoReturn:
+        """The broker refused the retry: ``retry_failed`` in the books, and this message
+        back to the broker, unacked. Its next delivery runs the same attempt again; one
+        that keeps failing this way is quarantined after ``max_deliveries``."""
+        reason = f"the retry could not be published ({type(publish_error).__qualname__})"
+        self.audit("retry_failed", reason=reason, exc_type=type(exc).__qualname__)
+        logger.error("%s[%s] attempt %d failed (%s) and %s; requeued", self.task.name,
+                     self.request.id, self.attempt, type(exc).__qualname__, reason)  # fmt: skip
+        raise Reject(reason, requeue=True) from publish_error
+
+
+def dead_letter_hard_timeout(
+    task: ConventionTask, task_id: str, kwargs: dict[str, Any], exc: BaseException
+) -> None:
+    """The hard time limit killed the job's process: Celery acks the message in the main
+    process, so the dead letter is written here, and the enqueue reservation dropped.
+
+    The job ignored its soft time limit (which would have been retried), so it is
+    treated as a bug: alerted, kept for triage and replay. Only the payload is known in
+    the main process: our headers stay with the killed child.
+    """
+    from conventions.worker.delivery import Delivery  # the runner imports this module
+
+    request = SimpleNamespace(id=task_id, retries=0, hostname=None, delivery_info={})
+    delivery = Delivery(task, request, {}, dict(kwargs or {}))
+    try:
+        payload = task.upcast_payload(task.payload.parse(delivery.kwargs, task=task.name))
+        delivery.key = task.run_key(payload, {})[0]  # namespaced, as the store keeps it
+    except PayloadError:
+        delivery.key = None
+    reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"
+    with contextlib.suppress(Ignore, Reject):  # store down: published again (``defer``)
+        delivery.dead_letter(exc, Category.BUG, reason, alert=True)

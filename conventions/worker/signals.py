@@ -1,0 +1,117 @@
+"""The Celery signal handlers that carry the correlation context everywhere.
+
+- ``before_task_publish``: every publish gets our headers, not only ``.delay()`` of a
+  convention task: ``send_task``, canvas steps, plain Celery tasks, beat. Inside a job the
+  bound context is the job's, so children inherit its correlation id and name it as their
+  cause; outside any context (beat, a script) each publish starts a new story. Flower
+  renders no custom headers, so the correlation id is also appended to the display-only
+  kwargs repr.
+- ``task_prerun`` / ``task_postrun``: bind the job for logs (:mod:`conventions.tracing.logs`),
+  Sentry tags and child publishes, for every task. A message from a foreign producer
+  without our headers gets its correlation id here, at receipt.
+- ``after_setup_logger`` / ``after_setup_task_logger``: the worker's log format
+  (``conventions_log_format``: ``text`` or ``json``).
+
+Each handler is a few dictionary operations: they run on every publish and every job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any
+
+import sentry_sdk
+from celery import signals
+
+from conventions.tracing import context, logs
+from conventions.transport import results
+
+#: the request attribute that keeps the context token of the running delivery (a retry
+#: reuses the task id and may start in another thread before this one's postrun)
+_TOKEN = "_cc_context_token"
+
+
+def on_before_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Complete the headers of a publish that did not go through a convention task."""
+    if headers is None or context.CORRELATION in headers:
+        return  # ours already (a convention task's publish, a retry, a replay)
+    for name, value in context.outgoing(None).items():
+        headers.setdefault(name, value)
+    headers.setdefault(context.ENQUEUED_AT, context.now_iso())
+    shown = headers.get("kwargsrepr")
+    if isinstance(shown, str) and shown.endswith("}"):
+        glue = ", " if shown != "{}" else ""
+        headers["kwargsrepr"] = (
+            f"{shown[:-1]}{glue}'~correlation': {headers[context.CORRELATION]!r}}}"
+        )
+
+
+def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    """Bind the job's context before its body runs."""
+    if task is None or task_id is None:
+        return
+    request = task.request
+    trace = context.from_request(request, assign=True)
+    setattr(request, _TOKEN, context.activate(context.for_child(trace, task_id)))
+    key = context.read_header(
+        context.IDEMPOTENCY_KEY, getattr(request, context.IDEMPOTENCY_KEY, None), warn=False
+    )
+    name = task.name
+    version = logs.version_of(name)
+    logs.bind_job(
+        correlation_id=trace.correlation_id,
+        request_id=trace.request_id,
+        task=name,
+        version=version,
+        task_id=task_id,
+        idempotency_key=key,
+        attempt=int(request.retries or 0) + 1,
+    )
+    if sentry_sdk.get_client().is_active():
+        sentry_sdk.set_tag("correlation_id", trace.correlation_id)
+        sentry_sdk.set_tag("task", name)
+        if version:
+            sentry_sdk.set_tag("version", version)
+        if queue := (request.delivery_info or {}).get("routing_key"):
+            sentry_sdk.set_tag("queue", queue)
+        if key:
+            sentry_sdk.set_tag("idempotency_key", key)
+
+
+def on_postrun(task: Any = None, **_: Any) -> None:
+    """Settle what no result write took (:func:`conventions.transport.results.settle`), then unbind
+    the context once Celery has logged the outcome."""
+    try:
+        results.settle()
+    finally:
+        _unbind(task)
+
+
+def _unbind(task: Any) -> None:
+    logs.clear_job()
+    request = getattr(task, "request", None)
+    token: contextvars.Token[context.Trace | None] | None = getattr(request, _TOKEN, None)
+    if token is not None:
+        setattr(request, _TOKEN, None)
+        with contextlib.suppress(ValueError):  # made in another context: nothing to undo here
+            context.reset(token)
+
+
+def on_setup_logger(logger: Any = None, **_: Any) -> None:
+    """Our formatter on the worker's handlers, in the configured format."""
+    from celery import current_app
+
+    kind = current_app.conf.get("conventions_log_format") or "text"
+    if logger is not None:
+        logs.configure(logger, kind)
+
+
+def connect() -> None:
+    """Connect the handlers (idempotent: Celery's signals keep one receiver per uid)."""
+    logs.install()
+    signals.before_task_publish.connect(on_before_publish, dispatch_uid="cc_before_publish")
+    signals.task_prerun.connect(on_prerun, dispatch_uid="cc_prerun")
+    signals.task_postrun.connect(on_postrun, dispatch_uid="cc_postrun")
+    signals.after_setup_logger.connect(on_setup_logger, dispatch_uid="cc_setup_logger")
+    signals.after_setup_task_logger.connect(on_setup_logger, dispatch_uid="cc_setup_task_logger")
