@@ -129,8 +129,8 @@ def drain_arms(client: Any, n: int, size: int, rounds: int) -> dict[str, list[fl
 def queues_arms(
     client: Any, queue: str, rounds: int, reads: int = 200
 ) -> dict[str, list[float]] | None:
-    """Seconds per read of the queues view (``conventions.observability.queues``) with one job waiting
-    and with the backlog; None when the module is not there yet.
+    """Seconds per read of the queues view (``conventions.observability.queues``) with one
+    job waiting and with the backlog; None when the module is not there yet.
 
     The baseline is one job, not an empty queue: the view parses the head message of a
     queue that has one (the oldest job's age), a constant an empty queue skips. What is

@@ -27,10 +27,10 @@ from conventions.observability import alerts
 from conventions.ops import retention
 from conventions.store import Store, open_store
 from conventions.task import ConventionTask, KeyTemplate, template_fields
+from conventions.tracing.headers import READY
 from conventions.worker import job_context as joblib
 from conventions.worker import lifecycle, reservations
 from conventions.worker import signals as tracing
-from conventions.worker.exits import READY
 
 #: ``domain.action.vN``: lower-case words, a version from 1
 NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*\.v[1-9][0-9]*$")

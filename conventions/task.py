@@ -34,11 +34,12 @@ from conventions.store import keys
 from conventions.store.base import Store
 from conventions.store.records import utcnow
 from conventions.tracing import context, scrubbing
+from conventions.tracing import headers as hdr
+from conventions.tracing.headers import READY
 from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from conventions.worker import delivery as runner
 from conventions.worker import exits
-from conventions.worker.exits import READY
 
 KeyTemplate = str | Callable[[Any], str]
 
@@ -268,8 +269,8 @@ class ConventionTask(Task):  # type: ignore[misc]
                     f"the task declares ({derived!r}); a task whose key may be given per "
                     "call declares key_override=True"
                 )
-        headers[context.IDEMPOTENCY_KEY] = keys.checked(self.name, key)
-        headers.setdefault(context.ENQUEUED_AT, utcnow().isoformat())
+        headers[hdr.IDEMPOTENCY_KEY] = keys.checked(self.name, key)
+        headers.setdefault(hdr.ENQUEUED_AT, utcnow().isoformat())
         return data, keys.namespaced(body.name, key), headers
 
     def run_key(self, payload: Payload, headers: Mapping[str, Any]) -> tuple[str, str]:
@@ -281,7 +282,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         the key is empty or too long (:func:`conventions.store.keys.checked`)."""
         body = self._body_task()
         key = body.key_for(payload)
-        carried = headers.get(context.IDEMPOTENCY_KEY)
+        carried = headers.get(hdr.IDEMPOTENCY_KEY)
         if isinstance(carried, str) and carried:
             given = keys.bare(body.name, carried)
             if given != key and (self.key_override or _scheduled(self, given, headers)):
@@ -360,7 +361,7 @@ class ConventionTask(Task):  # type: ignore[misc]
 def _beat_key(key: str, headers: Mapping[str, Any]) -> bool:
     """Whether ``key`` is the occurrence key (``beat:<entry>:<label>``) of the schedule
     entry the headers name: the key ``conventions.schedules.beat`` gives explicitly."""
-    entry = headers.get(context.SCHEDULE)
+    entry = headers.get(hdr.SCHEDULE)
     return isinstance(entry, str) and bool(entry) and key.startswith(f"beat:{entry}:")
 
 
@@ -370,7 +371,7 @@ def _scheduled(task: ConventionTask, key: str, headers: Mapping[str, Any]) -> bo
     a payment job run under another key."""
     if not _beat_key(key, headers):
         return False
-    return bool(_schedule_of(task.app).get(str(headers[context.SCHEDULE])) == task.name)
+    return bool(_schedule_of(task.app).get(str(headers[hdr.SCHEDULE])) == task.name)
 
 
 def _schedule_of(app: Any) -> dict[str, str]:
@@ -391,5 +392,5 @@ def _schedule_of(app: Any) -> dict[str, str]:
 def _kwargsrepr(data: dict[str, Any], headers: dict[str, Any]) -> str:
     """What Flower shows as kwargs: the payload plus the correlation id (display only)."""
     shown = dict(data)
-    shown["~correlation"] = headers.get(context.CORRELATION)
+    shown["~correlation"] = headers.get(hdr.CORRELATION)
     return repr(shown)

@@ -35,7 +35,7 @@ from conventions.errors import ConfigurationError, QueueOverCapacity
 from conventions.jobs import routing
 from conventions.observability import audit
 from conventions.store.records import utcnow
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 if TYPE_CHECKING:
     from conventions.task import ConventionTask
@@ -155,7 +155,7 @@ def _age(raw: bytes) -> float | None:
     """Seconds since the message's first publish (``cc_enqueued_at``), if it says."""
     try:
         headers = json.loads(raw).get("headers") or {}
-        stamp = headers.get(context.ENQUEUED_AT)
+        stamp = headers.get(hdr.ENQUEUED_AT)
         return (utcnow() - datetime.fromisoformat(stamp)).total_seconds() if stamp else None
     except (ValueError, TypeError, AttributeError):
         return None

@@ -34,7 +34,7 @@ from celery.exceptions import Ignore, Reject
 
 from conventions.errors import ConfigurationError
 from conventions.jobs import decisions
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from conventions.worker.job_context import keeper
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ DEFAULT_SLOT_LEASE = 15.0
 SLOT_WAIT_BASE = 0.25
 SLOT_WAIT_CAP = 5.0
 #: the message header that carries the limiter's state across deferrals
-HEADER = context.LIMITS
+HEADER = hdr.LIMITS
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([a-z]+)\s*$")
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}

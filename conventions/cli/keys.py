@@ -29,7 +29,7 @@ from conventions.app import App
 from conventions.cli import format as fmt
 from conventions.observability import audit
 from conventions.store.base import KeyState
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 #: the audit event of an operator's clear
 CLEARED = "key_cleared"
@@ -95,8 +95,8 @@ def _clear(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     check(args)
     store = app.store
     seen = store.key_state(args.key)
-    headers = {context.CORRELATION: trail_of(args.key), context.IDEMPOTENCY_KEY: args.key,
-               context.ACTOR: args.actor}  # fmt: skip
+    headers = {hdr.CORRELATION: trail_of(args.key), hdr.IDEMPOTENCY_KEY: args.key,
+               hdr.ACTOR: args.actor}  # fmt: skip
     event = audit.event(
         CLEARED, "", seen.reserved_by or "", headers,
         detail={"actor": args.actor, "reason": args.reason, "reserved_by": seen.reserved_by,

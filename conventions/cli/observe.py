@@ -45,8 +45,8 @@ def add_commands(commands: Any) -> None:
     serve.add_argument(
         "--outbox-lag",
         metavar="MODULE:FUNC",
-        help="FUNC(app) returns the outbox lag in seconds (default: conventions.transactional.outbox.lag "
-        "when it exists)",
+        help="FUNC(app) returns the outbox lag in seconds (default: "
+        "conventions.transactional.outbox.lag when it exists)",
     )
     view = commands.add_parser("queues", help="depth, oldest job, consumers and rates")
     view.add_argument("--json", action="store_true", help="print JSON (one line per frame)")

@@ -13,8 +13,8 @@ the logging integration would report our error line, and a poison pill ends in a
 category alike, and a global event processor (installed at import) drops the
 duplicates: an event about an exception the layer already handled (marked by
 ``mark_handled``), and the error lines of ``conventions.worker.delivery`` and
-``conventions.observability.alerts`` (they stay breadcrumbs). A retry raises Celery's ``Retry``, which
-the integration never reports, and logs a warning: a breadcrumb, never an event.
+``conventions.observability.alerts`` (they stay breadcrumbs). A retry raises Celery's ``Retry``,
+which the integration never reports, and logs a warning: a breadcrumb, never an event.
 
 No personal data. Every event is scrubbed with ``conventions.tracing.scrubbing.scrub_event``
 (exception values, messages, breadcrumbs, extra, tags): by the global event processor,

@@ -12,7 +12,7 @@ from typing import Any
 
 from conventions.store.base import Store
 from conventions.store.records import AuditEvent
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 logger = logging.getLogger("conventions.observability.audit")
 
@@ -31,9 +31,9 @@ def event(
         event=name,
         task=task,
         task_id=task_id,
-        correlation_id=str(headers.get(context.CORRELATION) or ""),
-        causation_id=headers.get(context.CAUSATION),
-        idempotency_key=headers.get(context.IDEMPOTENCY_KEY),
+        correlation_id=str(headers.get(hdr.CORRELATION) or ""),
+        causation_id=headers.get(hdr.CAUSATION),
+        idempotency_key=headers.get(hdr.IDEMPOTENCY_KEY),
         attempt=attempt,
         detail=dict(detail or {}),
     )

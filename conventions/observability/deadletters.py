@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from conventions.store.records import Category, DeadLetter, utcnow
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from conventions.tracing.scrubbing import scrub_text
 
 #: longest message kept in a record
@@ -122,11 +122,9 @@ class CappedRequest:
 
 def our_headers(request: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Our headers as the running job received them, read as untrusted input
-    (``context.read_headers``): the ones the layer may use, and the raw values of the
+    (``hdr.read_headers``): the ones the layer may use, and the raw values of the
     ones it refused (kept in a dead-letter record only, scrubbed and capped)."""
-    return context.read_headers(
-        {name: getattr(request, name, None) for name in context.ALL_HEADERS}
-    )
+    return hdr.read_headers({name: getattr(request, name, None) for name in hdr.ALL_HEADERS})
 
 
 def kept_raw(value: Any, limit: int = MAX_RAW_HEADER) -> str:
@@ -194,7 +192,7 @@ def build(
         last_failed_at=now,
         worker=str(getattr(request, "hostname", None) or socket.gethostname()),
         queue=delivery.get("routing_key"),
-        correlation_id=headers.get(context.CORRELATION),
+        correlation_id=headers.get(hdr.CORRELATION),
     )
 
 
@@ -222,7 +220,7 @@ def fallback(
     return DeadLetter(
         id=uuid.uuid4().hex,
         task=task,
-        task_id=scrub(str(task_id or ""), context.MAX_ID),
+        task_id=scrub(str(task_id or ""), hdr.MAX_ID),
         category=category,
         payload=scrub_payload(payload) if isinstance(payload, dict) else {"raw": kept_raw(payload)},
         headers={REFUSED: {str(k)[:100]: kept_raw(v) for k, v in raw_headers.items()}},

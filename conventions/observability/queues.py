@@ -28,7 +28,7 @@ from typing import Any
 import redis
 
 from conventions.jobs import routing
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 #: kombu's defaults for the Redis transport (``broker_transport_options`` may change them)
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -87,7 +87,7 @@ def _head(raw: str | None) -> tuple[datetime | None, str | None]:
         tag = (message.get("properties") or {}).get("delivery_tag")
     except (ValueError, AttributeError):
         return None, None
-    return waiting_since(headers.get(context.ENQUEUED_AT), headers.get("eta")), tag
+    return waiting_since(headers.get(hdr.ENQUEUED_AT), headers.get("eta")), tag
 
 
 class BrokerQueues:

@@ -23,7 +23,7 @@ from celery.result import AsyncResult
 from conventions.observability import audit
 from conventions.store.records import DeadLetter, utcnow
 from conventions.task import ConventionTask
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 if TYPE_CHECKING:
     from conventions.app import App
@@ -89,15 +89,15 @@ def replay(
             f"{record.replayed_at.isoformat(timespec='seconds')}: replay with force to "
             "publish it once more"
         )
-    correlation = record.correlation_id or record.headers.get(context.CORRELATION)
+    correlation = record.correlation_id or record.headers.get(hdr.CORRELATION)
     headers: dict[str, str] = {
-        context.REPLAY_OF: record.id,
-        context.CAUSATION: f"replay:{record.id}",
-        context.ACTOR: actor,
+        hdr.REPLAY_OF: record.id,
+        hdr.CAUSATION: f"replay:{record.id}",
+        hdr.ACTOR: actor,
     }
     if correlation:
-        headers[context.CORRELATION] = str(correlation)
-    for name in (context.SCHEDULE, context.OCCURRENCE):  # a beat key stays the job's key
+        headers[hdr.CORRELATION] = str(correlation)
+    for name in (hdr.SCHEDULE, hdr.OCCURRENCE):  # a beat key stays the job's key
         if isinstance(record.headers.get(name), str):
             headers[name] = record.headers[name]
     result: AsyncResult[Any] = task.apply_async(
@@ -107,7 +107,7 @@ def replay(
         return result
     store.put_dead_letter(dataclasses.replace(record, replayed_at=utcnow()))
     if record.idempotency_key:
-        headers[context.IDEMPOTENCY_KEY] = record.idempotency_key
+        headers[hdr.IDEMPOTENCY_KEY] = record.idempotency_key
     audit.record(
         store,
         "replayed",

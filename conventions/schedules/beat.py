@@ -41,7 +41,7 @@ from conventions.schedules import entries as schedules
 from conventions.schedules import overlap
 from conventions.schedules.entries import Entry, Occurrence
 from conventions.task import ConventionTask, DuplicateResult
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 logger = logging.getLogger("conventions.schedules.beat")
 
@@ -56,13 +56,13 @@ def sent_key(occurrence: Occurrence) -> str:
 
 def occurrence_headers(entry: Entry, occurrence: Occurrence, actor: str) -> dict[str, Any]:
     return {
-        context.CORRELATION: occurrence.correlation_id,
-        context.CAUSATION: f"beat:{entry.name}",
-        context.ACTOR: actor,
-        context.IDEMPOTENCY_KEY: occurrence.key,
-        context.SCHEDULE: entry.name,
-        context.OCCURRENCE: occurrence.at.isoformat(),
-        context.OVERLAP: entry.overlap,
+        hdr.CORRELATION: occurrence.correlation_id,
+        hdr.CAUSATION: f"beat:{entry.name}",
+        hdr.ACTOR: actor,
+        hdr.IDEMPOTENCY_KEY: occurrence.key,
+        hdr.SCHEDULE: entry.name,
+        hdr.OCCURRENCE: occurrence.at.isoformat(),
+        hdr.OVERLAP: entry.overlap,
     }
 
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from conventions.errors import SkipJob, TransientError
 from conventions.store.base import Store
 from conventions.store.records import utcnow
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from conventions.worker.job_context import JobContext, keeper
 
 T = TypeVar("T")
@@ -77,11 +77,11 @@ def run(
     body: Callable[[], T],
 ) -> T:
     """Run ``body`` under the entry's overlap policy (a job from no entry just runs)."""
-    entry = headers.get(context.SCHEDULE)
+    entry = headers.get(hdr.SCHEDULE)
     if not entry:
         return body()
-    occurrence = str(headers.get(context.OCCURRENCE) or "")
-    policy = headers.get(context.OVERLAP) or "allow"
+    occurrence = str(headers.get(hdr.OCCURRENCE) or "")
+    policy = headers.get(hdr.OVERLAP) or "allow"
     if policy == "allow":
         result = body()
     elif policy == "replace":

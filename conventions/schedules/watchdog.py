@@ -30,7 +30,7 @@ from conventions.schedules import overlap
 from conventions.schedules.entries import Entry, Occurrence
 from conventions.store.base import Store
 from conventions.task import ConventionTask
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from conventions.worker.job_context import JobContext
 
 logger = logging.getLogger("conventions.schedules.watchdog")
@@ -150,9 +150,9 @@ def _raise(
         "last_success": (success or {}).get("occurrence"),
     }
     headers = {
-        context.CORRELATION: occurrence.correlation_id,
-        context.CAUSATION: f"watchdog:{checker}",
-        context.IDEMPOTENCY_KEY: occurrence.key,
+        hdr.CORRELATION: occurrence.correlation_id,
+        hdr.CAUSATION: f"watchdog:{checker}",
+        hdr.IDEMPOTENCY_KEY: occurrence.key,
     }
     audit.record(store, "watchdog_alarm", entry.task, checker, headers, detail=detail)
     tags = {"task": entry.task, "schedule": entry.name, "occurrence": occurrence.label}

@@ -50,7 +50,8 @@ return answer
 
 @dataclass(frozen=True)
 class ResultWrite:
-    """A Celery result write that rides with a ledger step (:mod:`conventions.transport.results`)."""
+    """A Celery result write that rides with a ledger step
+    (:mod:`conventions.transport.results`)."""
 
     key: str
     value: str | bytes

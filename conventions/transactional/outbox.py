@@ -10,7 +10,8 @@ the job as a row of ``cc_outbox`` through the caller's own session or connection
         outbox.add(session, send_receipt, order_id="ord_1")
 
 The row commits or rolls back with the order. A relay process (``conventions outbox
-relay``, see :mod:`conventions.transactional.relay`) publishes committed rows and marks them published.
+relay``, see :mod:`conventions.transactional.relay`) publishes committed rows and marks them
+published.
 
 ``add`` checks the call exactly like ``.delay()`` (same payload parse, same idempotency
 key, same headers, the correlation context bound by web code included: both go through
@@ -44,7 +45,7 @@ from conventions.jobs import decisions
 from conventions.observability.deadletters import MAX_MESSAGE, scrub
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.store.sql import UTCDateTime
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 if TYPE_CHECKING:
     from conventions.task import ConventionTask
@@ -281,5 +282,5 @@ def dead_letter_of(row: Any, exc: Exception, error: str, attempts: int) -> DeadL
         first_failed_at=now,
         last_failed_at=now,
         worker=f"outbox-relay@{socket.gethostname()}",
-        correlation_id=headers.get(context.CORRELATION),
+        correlation_id=headers.get(hdr.CORRELATION),
     )

@@ -56,7 +56,8 @@ from conventions.store import keys
 from conventions.store.records import utcnow
 from conventions.store.sql import UTCDateTime
 from conventions.task import ConventionTask
-from conventions.tracing import context, logs
+from conventions.tracing import headers as hdr
+from conventions.tracing import logs
 from conventions.transactional import outbox
 
 logger = logging.getLogger("conventions.transactional.relay")
@@ -97,8 +98,8 @@ def row_fields(row: Any) -> dict[str, Any]:
     """The log fields of an outbox row: its job's correlation, task and key."""
     headers = row.headers or {}
     return {
-        "correlation_id": headers.get(context.CORRELATION),
-        "request_id": headers.get(context.REQUEST),
+        "correlation_id": headers.get(hdr.CORRELATION),
+        "request_id": headers.get(hdr.REQUEST),
         "task": row.task,
         "version": logs.version_of(row.task),
         "task_id": row.task_id,

@@ -126,7 +126,8 @@ return moved
 
 @dataclass
 class PushHook:
-    """Pushes one task's message in place of kombu's ``LPUSH`` (:mod:`conventions.transport.publish`):
+    """Pushes one task's message in place of kombu's ``LPUSH``
+    (:mod:`conventions.transport.publish`):
     ``push(client, list, body)`` gets the broker connection's client, the Redis list and
     the serialized message."""
 
@@ -319,7 +320,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                     raise
                 self.client.connection.disconnect()  # its replies are out of step now
                 raise ConfigurationError(
-                    f"conventions.transport.redis needs CLIENT REPLY on the broker's Redis ({exc}): "
+                    "conventions.transport.redis needs CLIENT REPLY on the broker's Redis "
+                    f"({exc}): "
                     "allow it to the broker's user (ACL +client|reply), or use kombu's "
                     "Redis transport"
                 ) from exc

@@ -56,7 +56,7 @@ from conventions.observability.deadletters import (
     scrub,
 )
 from conventions.store.records import Category, DeadLetter, utcnow
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from conventions.transport import envelope
 
 logger = logging.getLogger("conventions.worker.consumer")
@@ -152,8 +152,8 @@ def record(
     delivery = message.delivery_info or {}
     record_id = uuid.uuid4().hex
     # a message with no correlation id of ours gets one here, as at any other receipt
-    correlation = context.read_header(context.CORRELATION, headers.get(context.CORRELATION))
-    correlation = str(correlation or record_id)  # junk is left out (``context.read_header``)
+    correlation = hdr.read_header(hdr.CORRELATION, headers.get(hdr.CORRELATION))
+    correlation = str(correlation or record_id)  # junk is left out (``hdr.read_header``)
     dead = DeadLetter(
         id=record_id,
         task=str(headers.get("task") or "")[:200],
@@ -161,9 +161,7 @@ def record(
         category=category,
         payload=raw_body(message) if payload is None else payload,
         headers=capped_headers(headers),
-        idempotency_key=context.read_header(
-            context.IDEMPOTENCY_KEY, headers.get(context.IDEMPOTENCY_KEY)
-        ),
+        idempotency_key=hdr.read_header(hdr.IDEMPOTENCY_KEY, headers.get(hdr.IDEMPOTENCY_KEY)),
         exc_type=type(exc).__qualname__ if exc is not None else exc_type,
         message=scrub(reason, MAX_MESSAGE),
         traceback=scrub(trace, MAX_TRACEBACK),
@@ -182,7 +180,7 @@ def record(
         logger.exception("could not keep a message the worker cannot run (%s)", reason)
         return None
     # the audit event moves the dead-letter counter of the metrics, as for a job's
-    traced = {**context.read_headers(headers)[0], context.CORRELATION: correlation}
+    traced = {**hdr.read_headers(headers)[0], hdr.CORRELATION: correlation}
     audit.record(
         store, "dead_lettered", dead.task, dead.task_id, traced,
         detail={"category": str(category), "dead_letter_id": dead.id, "reason": dead.message},

@@ -33,10 +33,12 @@ from conventions.observability.progress import PROGRESS_STATE
 from conventions.schedules import overlap
 from conventions.store import keys
 from conventions.store.records import AuditEvent, Category, Claim, ClaimStatus
-from conventions.tracing import context, logs, scrubbing
+from conventions.tracing import headers as hdr
+from conventions.tracing import logs, scrubbing
 from conventions.tracing.context import Trace
+from conventions.tracing.headers import READY
 from conventions.transport import results
-from conventions.worker.exits import READY, Exits
+from conventions.worker.exits import Exits
 from conventions.worker.job_context import JobContext, keeper
 
 if TYPE_CHECKING:
@@ -48,7 +50,7 @@ logger = logging.getLogger("conventions.worker.delivery")
 def run(task: ConventionTask, request: Any, trace: Trace, args: Any, kwargs: Any) -> Any:
     """Run one delivery of ``task`` (called by ``ConventionTask.__call__``)."""
     headers, refused = deadletter.our_headers(request)  # untrusted: each one read by type
-    headers[context.CORRELATION] = trace.correlation_id
+    headers[hdr.CORRELATION] = trace.correlation_id
     delivery = Delivery(task, request, headers, dict(kwargs or {}), refused=refused)
     payload = delivery.validate(args)
     with limits.admitted(delivery):  # dependency tokens and slots, before the claim
@@ -73,7 +75,7 @@ class Delivery(Exits):
     #: when this delivery started (monotonic): its time limit counts from about here
     started_at: float = field(default_factory=time.monotonic)
     #: headers of ours the message carried with a wrong type or format, raw: not used,
-    #: kept for the dead-letter record only (``context.read_headers``)
+    #: kept for the dead-letter record only (``hdr.read_headers``)
     refused: dict[str, Any] = field(default_factory=dict)
     #: the payload's fingerprint, in the published task's form (``keys.fingerprint``)
     fingerprint: str | None = None
@@ -107,7 +109,7 @@ class Delivery(Exits):
     def waited(self) -> dict[str, float]:
         """``wait_s``: how long this delivery waited since it was due (the wait histogram)."""
         eta = getattr(self.request, "eta", None)
-        wait = queues.waited(self.headers.get(context.ENQUEUED_AT), eta)
+        wait = queues.waited(self.headers.get(hdr.ENQUEUED_AT), eta)
         return {} if wait is None else {"wait_s": round(wait, 4)}
 
     def validate(self, args: Any) -> Payload:
@@ -136,7 +138,7 @@ class Delivery(Exits):
             self.dead_letter(exc, Category.INVALID, str(exc))
             self.settle_result(exc)
             raise Reject(str(exc), requeue=False) from exc
-        self.headers[context.IDEMPOTENCY_KEY] = key  # bare: the body's and the providers'
+        self.headers[hdr.IDEMPOTENCY_KEY] = key  # bare: the body's and the providers'
         logs.update_job(idempotency_key=key)
         return payload
 
@@ -167,10 +169,11 @@ class Delivery(Exits):
         task, request, key = self.task, self.request, str(self.key)
         store, settings = task.store, task.settings
         delivery_id = f"{request.id}:{request.retries or 0}"
-        if self.headers.get(context.RESUMED):  # a resume is no crash: count it apart
-            delivery_id += f":r{self.headers[context.RESUMED]}"
+        if self.headers.get(hdr.RESUMED):  # a resume is no crash: count it apart
+            delivery_id += f":r{self.headers[hdr.RESUMED]}"
         # one round trip each for claim and complete, their audit events included, and
-        # Celery's STARTED and SUCCESS writes with them when they can (conventions.transport.results)
+        # Celery's STARTED and SUCCESS writes with them when they can
+        # (conventions.transport.results)
         try:
             claim = results.claim(
                 task, key, self.owner, settings.lease, delivery_id,
@@ -193,11 +196,11 @@ class Delivery(Exits):
         ctx = JobContext(
             task=task.name,
             task_id=request.id,
-            idempotency_key=str(self.headers[context.IDEMPOTENCY_KEY]),  # without namespace
+            idempotency_key=str(self.headers[hdr.IDEMPOTENCY_KEY]),  # without namespace
             attempt=self.attempt,
             trace=trace,
-            reconcile_first=bool(self.headers.get(context.RECONCILE)),
-            replay_of=self.headers.get(context.REPLAY_OF),
+            reconcile_first=bool(self.headers.get(hdr.RECONCILE)),
+            replay_of=self.headers.get(hdr.REPLAY_OF),
             store=store,
             publish_progress=self.publish_progress,
             checkpoint_keep=settings.ledger_keep,
@@ -313,7 +316,7 @@ class Delivery(Exits):
     def resume_later(self, exc: ResumeLater) -> NoReturn:
         """The body stopped at a clean point (a deploy): publish it again, no attempt
         spent; the next delivery continues from its checkpoint."""
-        self.headers[context.RESUMED] = int(self.headers.get(context.RESUMED) or 0) + 1
+        self.headers[hdr.RESUMED] = int(self.headers.get(hdr.RESUMED) or 0) + 1
         self.defer(f"resume later: {exc}")
 
     def call_body(self, payload: Payload, ctx: JobContext) -> Any:

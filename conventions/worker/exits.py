@@ -22,15 +22,14 @@ from conventions.observability import alerts
 from conventions.observability import deadletters as deadletter
 from conventions.store import keys
 from conventions.store.records import Category, DeadLetter, utcnow
-from conventions.tracing import context, scrubbing
+from conventions.tracing import headers as hdr
+from conventions.tracing import scrubbing
+from conventions.tracing.headers import READY
 
 if TYPE_CHECKING:
     from conventions.task import ConventionTask
 
 logger = logging.getLogger("conventions.worker.delivery")
-
-#: an option our own publishes carry so that the app's send_task does not check twice
-READY = "_cc_ready"
 
 
 class Exits:
@@ -84,9 +83,7 @@ class Exits:
         """The dead-letter record; one that cannot be built whole (a foreign value the
         readers let through and the record chokes on) is still built from what is known
         for sure plus the raw headers: the job is never lost for want of a record."""
-        first = context.read_header(
-            context.FIRST_FAILED_AT, self.headers.get(context.FIRST_FAILED_AT)
-        )
+        first = hdr.read_header(hdr.FIRST_FAILED_AT, self.headers.get(hdr.FIRST_FAILED_AT))
         try:
             return deadletter.build(
                 task=self.task.name,
@@ -97,7 +94,7 @@ class Exits:
                 idempotency_key=self.key,
                 exc=exc,
                 reason=reason,
-                first_failed_at=context.parse_time(first) if first else None,
+                first_failed_at=hdr.parse_time(first) if first else None,
                 refused=self.refused,
             )
         except Exception as error:
@@ -123,7 +120,7 @@ class Exits:
         it refuses: a newer producer's extra field in a rolling deploy): the one the
         message carries. Taken from any producer, it can only free this job's own
         reservation: ``unreserve`` drops one only while this job id holds it."""
-        carried = self.headers.get(context.IDEMPOTENCY_KEY)
+        carried = self.headers.get(hdr.IDEMPOTENCY_KEY)
         return keys.namespaced(self.task.name, carried) if carried else None
 
     def dead_letter(
@@ -173,11 +170,11 @@ class Exits:
             self.attempt, decision.delay, task.settings.max_countdown
         )
         headers = dict(self.headers)
-        headers.setdefault(context.FIRST_FAILED_AT, utcnow().isoformat())
+        headers.setdefault(hdr.FIRST_FAILED_AT, utcnow().isoformat())
         if decision.reconcile:
-            headers[context.RECONCILE] = "1"
+            headers[hdr.RECONCILE] = "1"
         else:
-            headers.pop(context.RECONCILE, None)
+            headers.pop(hdr.RECONCILE, None)
         self.give_up_claim()
         if request.is_eager:  # nothing to publish: Celery runs the retry in place
             raise task.retry(

@@ -33,7 +33,7 @@ from celery import signals
 
 from conventions.observability import audit
 from conventions.task import ConventionTask
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 
 logger = logging.getLogger("conventions.worker.reservations")
 
@@ -73,7 +73,7 @@ def release(
     if keys is None:
         logger.warning("%s[%s] was revoked; its idempotency key is unknown", task.name, task_id)
         return
-    key, headers[context.IDEMPOTENCY_KEY] = keys
+    key, headers[hdr.IDEMPOTENCY_KEY] = keys
     store = task.store
     if task.dedup == "until_done":
         store.unreserve(key, task_id)
@@ -98,5 +98,5 @@ def key_of(task: ConventionTask, kwargs: Any, headers: Mapping[str, Any]) -> tup
 
 def _headers_of(request: Any) -> dict[str, Any]:
     """Our headers as the request carries them (Celery's Context keeps them as attributes)."""
-    found = {name: getattr(request, name, None) for name in context.ALL_HEADERS}
+    found = {name: getattr(request, name, None) for name in hdr.ALL_HEADERS}
     return {name: value for name, value in found.items() if value is not None}

@@ -25,6 +25,7 @@ import sentry_sdk
 from celery import signals
 
 from conventions.tracing import context, logs
+from conventions.tracing import headers as hdr
 from conventions.transport import results
 
 #: the request attribute that keeps the context token of the running delivery (a retry
@@ -34,17 +35,15 @@ _TOKEN = "_cc_context_token"
 
 def on_before_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
     """Complete the headers of a publish that did not go through a convention task."""
-    if headers is None or context.CORRELATION in headers:
+    if headers is None or hdr.CORRELATION in headers:
         return  # ours already (a convention task's publish, a retry, a replay)
     for name, value in context.outgoing(None).items():
         headers.setdefault(name, value)
-    headers.setdefault(context.ENQUEUED_AT, context.now_iso())
+    headers.setdefault(hdr.ENQUEUED_AT, context.now_iso())
     shown = headers.get("kwargsrepr")
     if isinstance(shown, str) and shown.endswith("}"):
         glue = ", " if shown != "{}" else ""
-        headers["kwargsrepr"] = (
-            f"{shown[:-1]}{glue}'~correlation': {headers[context.CORRELATION]!r}}}"
-        )
+        headers["kwargsrepr"] = f"{shown[:-1]}{glue}'~correlation': {headers[hdr.CORRELATION]!r}}}"
 
 
 def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
@@ -54,8 +53,8 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     request = task.request
     trace = context.from_request(request, assign=True)
     setattr(request, _TOKEN, context.activate(context.for_child(trace, task_id)))
-    key = context.read_header(
-        context.IDEMPOTENCY_KEY, getattr(request, context.IDEMPOTENCY_KEY, None), warn=False
+    key = hdr.read_header(
+        hdr.IDEMPOTENCY_KEY, getattr(request, hdr.IDEMPOTENCY_KEY, None), warn=False
     )
     name = task.name
     version = logs.version_of(name)

@@ -48,7 +48,8 @@ METHODS: dict[tuple[str, str], str | None] = {
     (f"{KOMBU_REDIS}:Channel", "client"): None,
     (f"{KOMBU_REDIS}:Channel", "pool"): None,
     (f"{KOMBU_REDIS}:Channel", "active_queues"): None,
-    # conventions.transport.redis: no-ack consumers and the envelope check (conventions.transport.envelope)
+    # conventions.transport.redis: no-ack consumers and the envelope check
+    # (conventions.transport.envelope)
     (f"{KOMBU_REDIS}:Channel", "basic_consume"): "(self, queue, *args, **kwargs)",
     (f"{KOMBU_REDIS}:Channel", "basic_cancel"): "(self, consumer_tag)",
     (f"{KOMBU_REDIS}:Channel", "decode_body"): "(self, body, encoding=None)",

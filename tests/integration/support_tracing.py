@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from conventions import Backoff, Id, JobContext, Payload, TransientError
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from tasks import app
 from tests.integration.support_jobs import echo
 
@@ -42,7 +42,7 @@ def plain_child() -> dict[str, Any]:
     from celery import current_task
 
     request = current_task.request
-    return {name: getattr(request, name, None) for name in context.ALL_HEADERS}
+    return {name: getattr(request, name, None) for name in hdr.ALL_HEADERS}
 
 
 @app.job("testing.plain_parent.v1", payload=Order, key="plain:{order_id}", workload="email")

@@ -23,7 +23,7 @@ import pytest
 from conventions import bind
 from conventions.cli.main import main
 from conventions.store.records import AuditEvent, Category, DeadLetter
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from tasks import app
 from tasks.payments import apply_event
 from tests.integration import support_flaky  # registers testing.flaky.v1 before the worker
@@ -156,7 +156,7 @@ def test_dlq_show_prints_the_full_record_with_payload_headers_and_traceback(
     assert code == 0
     shown = json.loads(out)
     assert shown["payload"] == record.payload
-    assert shown["headers"][context.CORRELATION] == record.correlation_id
+    assert shown["headers"][hdr.CORRELATION] == record.correlation_id
     assert "PermanentError" in shown["traceback"]
 
     code, out, _ = run(["dlq", "show", record.id], capsys)
@@ -216,9 +216,9 @@ def test_a_forced_payment_replay_keeps_key_and_correlation_and_audits_who_and_wh
     again = dead_letter_of("payments.apply_event.v1", new_id)
     assert again.idempotency_key == record.idempotency_key
     assert again.correlation_id == record.correlation_id
-    assert again.headers[context.REPLAY_OF] == record.id
-    assert again.headers[context.CAUSATION] == f"replay:{record.id}"
-    assert again.headers[context.ACTOR] == "alice"
+    assert again.headers[hdr.REPLAY_OF] == record.id
+    assert again.headers[hdr.CAUSATION] == f"replay:{record.id}"
+    assert again.headers[hdr.ACTOR] == "alice"
 
 
 def test_a_replay_runs_to_success_once_the_provider_is_fixed(

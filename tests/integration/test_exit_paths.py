@@ -24,6 +24,7 @@ from conventions import Backoff, JobContext, PermanentError, TransientError
 from conventions.errors import ResumeLater, SkipJob
 from conventions.store import RedisStore, SQLStore
 from conventions.store.records import Category, ClaimStatus
+from conventions.tracing import headers as hdr
 from conventions.transport import results
 from conventions.transport.results import RedisBackend
 from tasks import app
@@ -267,11 +268,10 @@ def test_a_done_key_whose_unreserve_fails_is_kept_until_the_store_takes_it(
 def test_a_scheduled_job_whose_overlap_lease_cannot_be_released_is_not_run_again(
     store_proxy: CutProxy, direct: RedisStore, call_id: str
 ) -> None:
-    from conventions.tracing import context
 
     SCRIPT[call_id] = [then_done(store_proxy.cut)]
-    headers = {context.SCHEDULE: f"entry-{call_id}", context.OVERLAP: "skip",
-               context.OCCURRENCE: "2026-12-01T03:00:00+00:00"}  # fmt: skip
+    headers = {hdr.SCHEDULE: f"entry-{call_id}", hdr.OVERLAP: "skip",
+               hdr.OCCURRENCE: "2026-12-01T03:00:00+00:00"}  # fmt: skip
     handle = exit_path.apply_async(kwargs={"call_id": call_id}, headers=headers)
     restore_once_tried(store_proxy, tries=2)
     assert handle.get(timeout=60) == "done"

@@ -16,7 +16,7 @@ from kombu import Connection, Producer
 from conventions import ConfigurationError, Id, JobContext, Payload
 from conventions.errors import KeyConflict
 from conventions.store.records import Category
-from conventions.tracing.context import IDEMPOTENCY_KEY
+from conventions.tracing.headers import IDEMPOTENCY_KEY
 from tasks import app, db, shop
 from tasks.payments import apply_event
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from conventions import ConfigurationError, PayloadError, bind
-from conventions.tracing.context import (
+from conventions.tracing.headers import (
     CAUSATION,
     CORRELATION,
     ENQUEUED_AT,

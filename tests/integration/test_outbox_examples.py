@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from conventions import ConfigurationError, PayloadError
-from conventions.tracing.context import CORRELATION, REQUEST
+from conventions.tracing.headers import CORRELATION, REQUEST
 from tasks import db
 from tasks.receipts import send_receipt
 from tests.integration import support_outbox as ob

@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from conventions import PayloadError, bind
-from conventions.tracing.context import CORRELATION, IDEMPOTENCY_KEY
+from conventions.tracing.headers import CORRELATION, IDEMPOTENCY_KEY
 from tasks import app
 from tasks.receipts import send_receipt
 

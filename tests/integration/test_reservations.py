@@ -26,7 +26,7 @@ from conventions import bind
 from conventions.cli.main import main
 from conventions.store import keys
 from conventions.store.records import AuditEvent, utcnow
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from tasks import app
 from tests.fixtures import WorkerProcess
 from tests.integration.helpers import wait_for
@@ -129,8 +129,8 @@ def test_a_revoke_never_drops_a_reservation_another_job_holds(
                      "parent_id": None, "group": None, "retries": 0, "eta": None,
                      "expires": (utcnow() - timedelta(seconds=1)).isoformat(),
                      "timelimit": [None, None], "argsrepr": "()", "kwargsrepr": "{}",
-                     context.IDEMPOTENCY_KEY: f"echo:{call_id}",
-                     context.CORRELATION: f"corr-stale-{call_id}"},
+                     hdr.IDEMPOTENCY_KEY: f"echo:{call_id}",
+                     hdr.CORRELATION: f"corr-stale-{call_id}"},
         )  # fmt: skip
     wait_for(lambda: _event(f"corr-stale-{call_id}", "expired", stale_id), timeout=30)
     assert _held_by(store_redis, f"testing.echo:echo:{call_id}") == holder.id

@@ -20,7 +20,7 @@ from conventions.observability import audit
 from conventions.store.records import ClaimStatus
 from conventions.store.redis import RedisStore
 from conventions.store.redis_results import ResultWrite
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from conventions.transport import results
 from tasks import app
 from tests.conftest import BROKER_DB
@@ -131,7 +131,7 @@ def test_a_retried_completion_records_its_event_once() -> None:
     lost connection): the second one finds the key done by the same owner."""
     store = app.store
     key, correlation = f"retried-{uuid.uuid4().hex}", f"corr-{uuid.uuid4().hex}"
-    headers = {context.CORRELATION: correlation}
+    headers = {hdr.CORRELATION: correlation}
     succeeded = audit.event("succeeded", "testing.echo.v1", "job-1", headers, attempt=1)
     store.claim(key, "owner", 5, f"d-{key}")
     store.complete(key, "owner", "succeeded", 60, None, audit=succeeded)

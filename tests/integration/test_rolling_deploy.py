@@ -13,7 +13,7 @@ from conventions.errors import PayloadError
 from conventions.ops.replay import replay
 from conventions.store import keys
 from conventions.store.records import Category
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for
@@ -31,7 +31,7 @@ def _newer_producer_sends(call_id: str, **extra: str) -> str:
     with Connection(app.conf.broker_url) as conn:
         publish_foreign(
             Producer(conn), echo.name, {"call_id": call_id, **extra}, "email",
-            headers={context.IDEMPOTENCY_KEY: bare}, task_id=task_id,
+            headers={hdr.IDEMPOTENCY_KEY: bare}, task_id=task_id,
         )  # fmt: skip
     return task_id
 
@@ -68,7 +68,7 @@ def test_a_refused_message_cannot_free_a_key_another_job_holds() -> None:
     with Connection(app.conf.broker_url) as conn:
         task_id = publish_foreign(
             Producer(conn), echo.name, {"call_id": "deploy_3", "extra": "x"}, "email",
-            headers={context.IDEMPOTENCY_KEY: bare},
+            headers={hdr.IDEMPOTENCY_KEY: bare},
         )  # fmt: skip
     wait_for(lambda: dead_letter_of(task_id))
     assert app.store.reserve(key, "a-third-job", 3600.0) == "someone-else"

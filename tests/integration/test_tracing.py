@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 
 from conventions import bind
 from conventions.cli import main as cli
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from tasks import app
 from tests.integration.helpers import wait_for
 from tests.integration.support_tracing import flaky_fanout, plain_child, plain_parent
@@ -32,18 +32,18 @@ def test_a_plain_task_published_inside_a_job_inherits_its_story_and_names_it_as_
         parent = plain_parent.delay(order_id=f"ord_{uuid.uuid4().hex[:8]}")
     child_id = parent.get(timeout=30)
     seen = AsyncResult(child_id, app=app).get(timeout=30)
-    assert seen[context.CORRELATION] == "corr-plain"
-    assert seen[context.CAUSATION] == f"job:{parent.id}"
-    assert seen[context.ACTOR] == "user-7"
-    assert seen[context.ENQUEUED_AT]
+    assert seen[hdr.CORRELATION] == "corr-plain"
+    assert seen[hdr.CAUSATION] == f"job:{parent.id}"
+    assert seen[hdr.ACTOR] == "user-7"
+    assert seen[hdr.ENQUEUED_AT]
 
 
 def test_a_plain_task_published_by_a_script_starts_a_story_of_its_own() -> None:
     first = plain_child.delay().get(timeout=30)
     second = plain_child.delay().get(timeout=30)
-    assert len(first[context.CORRELATION]) == 32
-    assert first[context.CORRELATION] != second[context.CORRELATION]
-    assert first[context.CAUSATION] is None
+    assert len(first[hdr.CORRELATION]) == 32
+    assert first[hdr.CORRELATION] != second[hdr.CORRELATION]
+    assert first[hdr.CAUSATION] is None
 
 
 def test_retries_and_children_are_one_story_in_the_trace_and_on_every_log_line(

@@ -10,7 +10,7 @@ from kombu import Connection, Producer
 
 from conventions.observability import deadletters as deadletter
 from conventions.store.records import Category
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for
@@ -35,8 +35,8 @@ def _cases(kind: str) -> list[dict[str, Any]]:
     """One header of ours set to the junk at a time, then all of them at once (a junk
     string is made unique per message: a key header shared would dedup the jobs)."""
     junk = JUNK[kind]
-    cases = [{name: junk} for name in context.ALL_HEADERS]
-    cases.append(dict.fromkeys(context.ALL_HEADERS, junk))
+    cases = [{name: junk} for name in hdr.ALL_HEADERS]
+    cases.append(dict.fromkeys(hdr.ALL_HEADERS, junk))
     if isinstance(junk, str):
         cases = [{n: f"{v} #{i}" for n, v in c.items()} for i, c in enumerate(cases)]
     return cases
@@ -52,10 +52,10 @@ def test_a_failing_job_with_junk_in_our_headers_is_still_dead_lettered(kind: str
         record = wait_for(lambda task_id=task_id: dead_letter_of(task_id), timeout=60)
         assert record.category is Category.BUG, headers
         assert record.payload["call_id"].startswith(f"junk_{kind}_")
-        assert record.correlation_id and len(record.correlation_id) <= context.MAX_ID
+        assert record.correlation_id and len(record.correlation_id) <= hdr.MAX_ID
         refused = record.headers.get(deadletter.REFUSED, {})
-        if context.FIRST_FAILED_AT in headers:  # never a date: refused, kept raw and capped
-            assert context.FIRST_FAILED_AT in refused
+        if hdr.FIRST_FAILED_AT in headers:  # never a date: refused, kept raw and capped
+            assert hdr.FIRST_FAILED_AT in refused
         for raw in refused.values():
             assert len(raw) <= deadletter.MAX_RAW_HEADER
             assert "ann@example.com" not in raw
@@ -76,18 +76,18 @@ def test_a_succeeding_job_with_junk_in_our_headers_still_succeeds(kind: str) -> 
 
 def test_each_header_reader_refuses_junk_and_keeps_good_values() -> None:
     good = {
-        context.CORRELATION: "c1", context.ENQUEUED_AT: "2026-01-01T00:00:00+00:00",
-        context.RESUMED: 2, context.RECONCILE: "1", context.OVERLAP: "skip",
-        context.LIMITS: {"booked": ["smtp"], "waits": 1},
+        hdr.CORRELATION: "c1", hdr.ENQUEUED_AT: "2026-01-01T00:00:00+00:00",
+        hdr.RESUMED: 2, hdr.RECONCILE: "1", hdr.OVERLAP: "skip",
+        hdr.LIMITS: {"booked": ["smtp"], "waits": 1},
     }  # fmt: skip
-    assert context.read_headers(good) == (
-        {**good, context.LIMITS: {"booked": ["smtp"], "waits": 1}},
+    assert hdr.read_headers(good) == (
+        {**good, hdr.LIMITS: {"booked": ["smtp"], "waits": 1}},
         {},
     )
     for junk in JUNK.values():
-        read, refused = context.read_headers(dict.fromkeys(context.ALL_HEADERS, junk))
-        assert set(read) | set(refused) == set(context.ALL_HEADERS)
-        assert context.FIRST_FAILED_AT in refused and context.RESUMED in refused
+        read, refused = hdr.read_headers(dict.fromkeys(hdr.ALL_HEADERS, junk))
+        assert set(read) | set(refused) == set(hdr.ALL_HEADERS)
+        assert hdr.FIRST_FAILED_AT in refused and hdr.RESUMED in refused
 
 
 def test_a_record_that_cannot_be_built_whole_keeps_what_is_known_and_the_raw_headers() -> None:
@@ -105,12 +105,12 @@ def test_a_record_that_cannot_be_built_whole_keeps_what_is_known_and_the_raw_hea
         )  # fmt: skip
     from conventions.worker.delivery import Delivery
 
-    delivery = Delivery(support_jobs.buggy, Hostile(), {context.CORRELATION: "c1"}, {"e": "a@b.io"})
-    delivery.refused = {context.FIRST_FAILED_AT: "z" * 10_000}
+    delivery = Delivery(support_jobs.buggy, Hostile(), {hdr.CORRELATION: "c1"}, {"e": "a@b.io"})
+    delivery.refused = {hdr.FIRST_FAILED_AT: "z" * 10_000}
     record = delivery.record(None, Category.BUG, "boom")
     assert record.task == "testing.buggy.v1" and record.task_id == "t1"
     assert record.payload == {"e": "<email>"}
     raw = record.headers[deadletter.REFUSED]
-    assert set(raw) == {context.CORRELATION, context.FIRST_FAILED_AT}
-    assert len(raw[context.FIRST_FAILED_AT]) <= deadletter.MAX_RAW_HEADER
+    assert set(raw) == {hdr.CORRELATION, hdr.FIRST_FAILED_AT}
+    assert len(raw[hdr.FIRST_FAILED_AT]) <= deadletter.MAX_RAW_HEADER
     assert "boom" in record.message

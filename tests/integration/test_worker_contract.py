@@ -10,7 +10,7 @@ from kombu import Connection, Producer
 
 from conventions.cli import main as cli
 from conventions.store.records import Category
-from conventions.tracing.context import CORRELATION
+from conventions.tracing.headers import CORRELATION
 from tasks import app
 from tests.integration import support_jobs
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from conventions.store.records import Category
 from conventions.store.sql import SQLStore
-from conventions.tracing import context
+from conventions.tracing import headers as hdr
 from conventions.worker.consumer import MAX_RAW_BODY, raw_body, record
 
 
@@ -58,9 +58,9 @@ def test_a_record_of_an_unrunnable_message_reads_our_headers_by_type(tmp_path: P
     junk = {
         "task": "payments.apply_event.v1",
         "id": "job-1",
-        context.CORRELATION: {"nested": "someone@example.com"},
-        context.IDEMPOTENCY_KEY: ["payment-event:evt_1"],
-        context.CAUSATION: {"job": "x"},
+        hdr.CORRELATION: {"nested": "someone@example.com"},
+        hdr.IDEMPOTENCY_KEY: ["payment-event:evt_1"],
+        hdr.CAUSATION: {"job": "x"},
     }
     message = SimpleNamespace(
         body=b"{not json", content_type="application/json", content_encoding="utf-8",

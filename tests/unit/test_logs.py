@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from conventions.tracing import context, logs
+from conventions.tracing import headers as hdr
 from conventions.worker import signals as tracing
 
 
@@ -97,10 +98,10 @@ def test_a_plain_publish_gets_the_bound_context_and_shows_it_in_the_kwargs_repr(
     headers: dict[str, object] = {"kwargsrepr": "{'x': 1}"}
     with context.bind(correlation_id="corr-1", request_id="req-1", actor_id="user-7"):
         tracing.on_before_publish(headers=headers)
-    assert headers[context.CORRELATION] == "corr-1"
-    assert headers[context.CAUSATION] == "request:req-1"
-    assert headers[context.ACTOR] == "user-7"
-    assert context.ENQUEUED_AT in headers
+    assert headers[hdr.CORRELATION] == "corr-1"
+    assert headers[hdr.CAUSATION] == "request:req-1"
+    assert headers[hdr.ACTOR] == "user-7"
+    assert hdr.ENQUEUED_AT in headers
     assert headers["kwargsrepr"] == "{'x': 1, '~correlation': 'corr-1'}"
 
 
@@ -109,11 +110,11 @@ def test_a_publish_outside_any_context_starts_a_new_story_each_time() -> None:
     second: dict[str, object] = {}
     tracing.on_before_publish(headers=first)
     tracing.on_before_publish(headers=second)
-    assert first[context.CORRELATION] != second[context.CORRELATION]
+    assert first[hdr.CORRELATION] != second[hdr.CORRELATION]
 
 
 def test_a_publish_that_carries_our_headers_is_left_as_it_is() -> None:
-    headers: dict[str, object] = {context.CORRELATION: "mine", "kwargsrepr": "{}"}
+    headers: dict[str, object] = {hdr.CORRELATION: "mine", "kwargsrepr": "{}"}
     with context.bind(correlation_id="other"):
         tracing.on_before_publish(headers=headers)
-    assert headers == {context.CORRELATION: "mine", "kwargsrepr": "{}"}
+    assert headers == {hdr.CORRELATION: "mine", "kwargsrepr": "{}"}

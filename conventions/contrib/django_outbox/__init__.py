@@ -1,9 +1,9 @@
 """Django integration of the outbox: a model of ``cc_outbox`` and a transaction-aware add.
 
-Add ``"conventions.contrib.django_outbox"`` to ``INSTALLED_APPS`` and run ``migrate`` (it creates
-the same table ``conventions.transactional.outbox`` defines; a table made by ``conventions outbox init``
-is taken as it is with ``migrate --fake-initial``). ``USE_TZ`` must be on (Django's
-default). Then, in a view::
+Add ``"conventions.contrib.django_outbox"`` to ``INSTALLED_APPS`` and run ``migrate`` (it
+creates the same table ``conventions.transactional.outbox`` defines; a table made by
+``conventions outbox init`` is taken as it is with ``migrate --fake-initial``).
+``USE_TZ`` must be on (Django's default). Then, in a view::
 
     with transaction.atomic():
         order = Order.objects.create(...)
