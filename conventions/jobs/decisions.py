@@ -1,7 +1,7 @@
 """What happens to a job whose body raised: a closed set of decisions, as frozen values.
 
-An exception goes in, exactly one decision comes out: ``Retry`` (an optional delay, a
-reconcile flag), ``DeadLetter`` (a category; bugs alert) or ``Skip``. A
+An exception goes in, exactly one decision comes out: ``RetryDecision`` (an optional delay, a
+reconcile flag), ``DeadLetterDecision`` (a category; bugs alert) or ``SkipDecision``. A
 ``DecisionTable`` is an ordered, immutable tuple of ``Rule``s: the first rule that
 answers wins, and whatever no rule answers is a bug, dead-lettered with an alert and
 never retried. Retrying unknown exceptions hides defects and repeats side effects, so a
@@ -47,7 +47,7 @@ from conventions.store.records import Category
 
 
 @dataclass(frozen=True)
-class Retry:
+class RetryDecision:
     """Run the job again later."""
 
     reason: str
@@ -56,7 +56,7 @@ class Retry:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetterDecision:
     """Stop: keep the job as a dead letter, for triage and replay."""
 
     category: Category
@@ -65,13 +65,13 @@ class DeadLetter:
 
 
 @dataclass(frozen=True)
-class Skip:
+class SkipDecision:
     """End the job as skipped: not a failure, nothing retried or alerted."""
 
     reason: str
 
 
-Decision = Retry | DeadLetter | Skip
+Decision = RetryDecision | DeadLetterDecision | SkipDecision
 Matcher = Callable[[BaseException], bool]
 Decider = Callable[[BaseException], Decision | None]
 #: what ``when`` matches on: exception classes, or a matcher
@@ -101,7 +101,7 @@ def when(match: Match, decide: Decision | Decider, name: str | None = None) -> R
         name = name or ", ".join(t.__qualname__ for t in types)
         match = _instance_of(types)
     name = name or str(getattr(match, "__name__", repr(match)))
-    if isinstance(decide, Retry | DeadLetter | Skip):
+    if isinstance(decide, RetryDecision | DeadLetterDecision | SkipDecision):
         fixed: Decision = decide
         return Rule(match, lambda _exc: fixed, name)
     return Rule(match, decide, name)
@@ -130,7 +130,7 @@ def _label(exc: BaseException) -> str:
 
 
 def _retry(what: str) -> Decider:
-    return lambda exc: Retry(f"{_label(exc)}: {what}")
+    return lambda exc: RetryDecision(f"{_label(exc)}: {what}")
 
 
 def _http(exc: BaseException) -> Decision | None:
@@ -139,12 +139,16 @@ def _http(exc: BaseException) -> Decision | None:
         return None
     if status in RETRY_STATUSES or 500 <= status <= 599:
         header = retry_after_header(exc) if status in RETRY_AFTER_STATUSES else None
-        return Retry(f"{_label(exc)}: HTTP {status} is transient", parse_retry_after(header))
+        return RetryDecision(
+            f"{_label(exc)}: HTTP {status} is transient", parse_retry_after(header)
+        )
     if 400 <= status <= 499:
         # 400/401/403/404/409/422 are permanent by nature. Every other 4xx (405, 410, 413,
         # ...) is dead-lettered as permanent too: a client error does not fix itself by
         # waiting, and a retry only repeats the same request.
-        return DeadLetter(Category.PERMANENT, f"{_label(exc)}: HTTP {status} is a client error")
+        return DeadLetterDecision(
+            Category.PERMANENT, f"{_label(exc)}: HTTP {status} is a client error"
+        )
     return None  # 1xx-3xx on an exception: not for us to judge; it ends up a bug
 
 
@@ -209,9 +213,9 @@ def _url_transport(exc: BaseException) -> bool:  # urllib wraps socket errors in
 def _smtp(exc: BaseException) -> Decision | None:
     code = safe_attr(exc, "smtp_code")
     if isinstance(code, int) and 400 <= code <= 499:
-        return Retry(f"{_label(exc)}: SMTP {code} is transient")
+        return RetryDecision(f"{_label(exc)}: SMTP {code} is transient")
     if isinstance(code, int) and 500 <= code <= 599:
-        return DeadLetter(Category.PERMANENT, f"{_label(exc)}: SMTP {code} is permanent")
+        return DeadLetterDecision(Category.PERMANENT, f"{_label(exc)}: SMTP {code} is permanent")
     return None
 
 
@@ -221,7 +225,7 @@ def _smtp_auth(exc: BaseException) -> Decision | None:
     code = safe_attr(exc, "smtp_code")
     if isinstance(code, int) and 500 <= code <= 599:
         reason = f"{_label(exc)}: SMTP {code}, the credentials were refused: fix the settings"
-        return DeadLetter(Category.BUG, reason, alert=True)
+        return DeadLetterDecision(Category.BUG, reason, alert=True)
     return _smtp(exc)
 
 
@@ -236,8 +240,12 @@ def _smtp_recipients(exc: BaseException) -> Decision | None:
         return None  # no codes to judge by: not for us, it ends up a bug
     codes = sorted({v[0] for v in values})
     if any(400 <= code <= 499 for code in codes):
-        return Retry(f"{_label(exc)}: SMTP {_codes(codes, 400)} for a recipient is transient")
-    return DeadLetter(Category.PERMANENT, f"{_label(exc)}: SMTP {_codes(codes, 500)} is permanent")
+        return RetryDecision(
+            f"{_label(exc)}: SMTP {_codes(codes, 400)} for a recipient is transient"
+        )
+    return DeadLetterDecision(
+        Category.PERMANENT, f"{_label(exc)}: SMTP {_codes(codes, 500)} is permanent"
+    )
 
 
 def _is_code(value: object) -> bool:
@@ -252,7 +260,7 @@ def _validation(exc: BaseException) -> Decision | None:
     if not isinstance(exc, ValidationError):
         return None
     detail = f"{exc.error_count()} validation error(s) for {exc.title}"
-    return DeadLetter(Category.PERMANENT, f"{_label(exc)}: {detail}")
+    return DeadLetterDecision(Category.PERMANENT, f"{_label(exc)}: {detail}")
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -272,7 +280,7 @@ def _refuse_catch_all_retry(rule: Rule) -> None:
             f"decision rule {rule.name!r} raised {type(err).__name__} on a plain exception: "
             "a matcher must return a bool, and a decider a decision or None, for any exception"
         ) from err
-    if any(isinstance(answer, Retry) for answer in answers):
+    if any(isinstance(answer, RetryDecision) for answer in answers):
         raise ConfigurationError(
             f"decision rule {rule.name!r} would retry every exception, bugs included: match "
             "only the exception classes that are transient (unmatched exceptions are "
@@ -282,8 +290,10 @@ def _refuse_catch_all_retry(rule: Rule) -> None:
 
 _OUTCOMES: dict[str, Decider] = {
     "transient": _retry("declared transient"),
-    "permanent": lambda exc: DeadLetter(Category.PERMANENT, f"{_label(exc)}: declared permanent"),
-    "skip": lambda exc: Skip(f"{_label(exc)}: declared skip"),
+    "permanent": lambda exc: DeadLetterDecision(
+        Category.PERMANENT, f"{_label(exc)}: declared permanent"
+    ),
+    "skip": lambda exc: SkipDecision(f"{_label(exc)}: declared skip"),
 }
 
 
@@ -295,12 +305,12 @@ def _mapping_rule(exc_type: object, outcome: object) -> Rule:
             f"a decision for {exc_type.__name__} would decide every exception, bugs "
             "included: map the specific exception classes instead"
         )
-    if isinstance(outcome, Retry | DeadLetter | Skip):
+    if isinstance(outcome, RetryDecision | DeadLetterDecision | SkipDecision):
         return when(exc_type, outcome, f"{exc_type.__qualname__} -> {outcome!r}")
     if not isinstance(outcome, str) or outcome not in _OUTCOMES:
         raise ConfigurationError(
             f"decision for {exc_type.__qualname__} is {outcome!r}: use 'transient', "
-            "'permanent', 'skip', or a Retry / DeadLetter / Skip value"
+            "'permanent', 'skip', or a RetryDecision / DeadLetterDecision / SkipDecision value"
         )
     return when(exc_type, _OUTCOMES[outcome], f"{exc_type.__qualname__} -> {outcome}")
 
@@ -328,10 +338,12 @@ class DecisionTable:
                 decision = rule.apply(exc)
             except Exception as err:
                 reason = f"decision rule {rule.name!r} raised {type(err).__name__}"
-                return DeadLetter(Category.BUG, f"{reason} on {_label(exc)}", alert=True)
+                return DeadLetterDecision(Category.BUG, f"{reason} on {_label(exc)}", alert=True)
             if decision is not None:
                 return decision
-        return DeadLetter(Category.BUG, f"{_label(exc)} is not classified: a bug", alert=True)
+        return DeadLetterDecision(
+            Category.BUG, f"{_label(exc)} is not classified: a bug", alert=True
+        )
 
     def extend(self, *rules: Rule | Mapping[type[BaseException], str | Decision]) -> DecisionTable:
         """A NEW table with ``rules`` placed before this table's rules, so that a task's
@@ -360,11 +372,13 @@ _TRANSPORT = _retry("transport error is transient")
 DEFAULT_TABLE = DecisionTable(
     (
         # -- our own outcomes, raised on purpose by job bodies
-        when(TransientError, lambda exc: Retry(str(exc), getattr(exc, "retry_after", None))),
-        when(UncertainOutcomeError, lambda exc: Retry(str(exc), reconcile=True)),
-        when(PermanentError, lambda exc: DeadLetter(Category.PERMANENT, str(exc))),
-        when(SkipJob, lambda exc: Skip(str(exc))),
-        when(PayloadError, lambda exc: DeadLetter(Category.PERMANENT, str(exc))),
+        when(
+            TransientError, lambda exc: RetryDecision(str(exc), getattr(exc, "retry_after", None))
+        ),
+        when(UncertainOutcomeError, lambda exc: RetryDecision(str(exc), reconcile=True)),
+        when(PermanentError, lambda exc: DeadLetterDecision(Category.PERMANENT, str(exc))),
+        when(SkipJob, lambda exc: SkipDecision(str(exc))),
+        when(PayloadError, lambda exc: DeadLetterDecision(Category.PERMANENT, str(exc))),
         when(ValidationError, _validation, "pydantic ValidationError"),
         # -- builtin transport errors (socket.timeout is TimeoutError)
         when((TimeoutError, ConnectionError, RemoteDisconnected, IncompleteRead), _TRANSPORT),

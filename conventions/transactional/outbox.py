@@ -258,7 +258,7 @@ def category_of(exc: Exception) -> Category:
     if isinstance(exc, PayloadError | LookupError):
         return Category.INVALID
     decision = decisions.DEFAULT_TABLE.decide(exc)
-    return decision.category if isinstance(decision, decisions.DeadLetter) else Category.BUG
+    return decision.category if isinstance(decision, decisions.DeadLetterDecision) else Category.BUG
 
 
 def dead_letter_of(row: Any, exc: Exception, error: str, attempts: int) -> DeadLetter:

@@ -50,7 +50,7 @@ from sqlalchemy.dialects import sqlite
 from conventions.app import App
 from conventions.errors import ConfigurationError
 from conventions.jobs.backoff import Backoff
-from conventions.jobs.decisions import DEFAULT_TABLE, Retry
+from conventions.jobs.decisions import DEFAULT_TABLE, RetryDecision
 from conventions.observability import audit
 from conventions.store import keys
 from conventions.store.records import utcnow
@@ -210,7 +210,7 @@ class Relay:
                     deduplicated = self.publish(row)
             except Exception as exc:
                 error = f"{type(exc).__qualname__}: {exc}"[:MAX_ERROR]
-                if isinstance(DEFAULT_TABLE.decide(exc), Retry):
+                if isinstance(DEFAULT_TABLE.decide(exc), RetryDecision):
                     # the broker or the store: not the row's fault, stop and wait
                     result.unavailable = error
                     marks.failed.append((row, error, None))

@@ -48,8 +48,7 @@ from celery.app.task import get_actual_ignore_result
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from kombu.utils.encoding import bytes_to_str
 
-from conventions.jobs.decisions import DEFAULT_TABLE
-from conventions.jobs.decisions import Retry as RetryDecision
+from conventions.jobs.decisions import DEFAULT_TABLE, RetryDecision
 from conventions.observability.deadletters import CappedRequest
 from conventions.store.records import AuditEvent, Claim
 from conventions.store.redis import RedisStore, database_of

@@ -24,8 +24,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from conventions.capacity import limits, locks
 from conventions.errors import PayloadError, ResumeLater
-from conventions.jobs.decisions import DeadLetter, Skip
-from conventions.jobs.decisions import Retry as RetryDecision
+from conventions.jobs.decisions import DeadLetterDecision, RetryDecision, SkipDecision
 from conventions.jobs.payloads import Payload
 from conventions.observability import audit, queues
 from conventions.observability import deadletters as deadletter
@@ -367,7 +366,7 @@ class Delivery(Exits):
         """Turn the body's exception into its one decision."""
         decision = self.body.decisions.decide(exc)
         store, key = self.task.store, str(self.key)
-        if isinstance(decision, Skip):
+        if isinstance(decision, SkipDecision):
             try:
                 store.release(key, self.owner, self.request.id)
             except Exception as release_error:  # the reservation would stay: keep the job
@@ -378,7 +377,7 @@ class Delivery(Exits):
         if isinstance(decision, RetryDecision):
             if self.attempt < self.body.backoff.max_attempts:
                 self.retry(exc, decision)
-            decision = DeadLetter(
+            decision = DeadLetterDecision(
                 Category.EXHAUSTED, f"gave up after {self.attempt} attempts: {exc!r}", alert=True
             )
         self.give_up_claim()

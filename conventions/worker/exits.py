@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery.exceptions import Ignore, Reject, Retry
 
 from conventions.errors import PayloadError
-from conventions.jobs.decisions import Retry as RetryDecision
+from conventions.jobs.decisions import RetryDecision
 from conventions.observability import alerts
 from conventions.observability import deadletters as deadletter
 from conventions.store import keys

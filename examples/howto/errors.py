@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conventions import Id, JobContext, Payload
-from conventions.jobs.decisions import DEFAULT_TABLE, DeadLetter, Retry, named, when
+from conventions.jobs.decisions import DEFAULT_TABLE, DeadLetterDecision, RetryDecision, named, when
 from conventions.store.records import Category
 from examples.howto.app import app
 
@@ -41,8 +41,8 @@ class Refund(Payload):
         RateLimited: "transient",  # retried with the task's backoff
         AccountClosed: "permanent",  # dead letter, category permanent
         AlreadyRefunded: "skip",  # ends as skipped
-        Throttled: Retry("provider throttled", delay=60),  # a decision value
-        FraudSuspected: DeadLetter(Category.PERMANENT, "fraud check", alert=True),
+        Throttled: RetryDecision("provider throttled", delay=60),  # a decision value
+        FraudSuspected: DeadLetterDecision(Category.PERMANENT, "fraud check", alert=True),
     },
 )
 def refund(payload: Refund, ctx: JobContext) -> str:
@@ -52,12 +52,12 @@ def refund(payload: Refund, ctx: JobContext) -> str:
 TABLE = DEFAULT_TABLE.extend(
     when(
         named("stripe.error.RateLimitError"),
-        Retry("stripe rate limit", delay=30),
+        RetryDecision("stripe rate limit", delay=30),
         name="stripe rate limit",
     ),
     when(
         lambda exc: getattr(exc, "code", None) == "lock_timeout",
-        Retry("db lock timeout"),
+        RetryDecision("db lock timeout"),
         name="db lock timeout",
     ),
 )

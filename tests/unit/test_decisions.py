@@ -28,12 +28,12 @@ from conventions.errors import (
 )
 from conventions.jobs.decisions import (
     DEFAULT_TABLE,
-    DeadLetter,
+    DeadLetterDecision,
     Decision,
     DecisionTable,
-    Retry,
+    RetryDecision,
     Rule,
-    Skip,
+    SkipDecision,
     http_status,
     named,
     parse_retry_after,
@@ -45,15 +45,15 @@ decide = DEFAULT_TABLE.decide
 
 
 def is_retry(decision: Decision) -> bool:
-    return isinstance(decision, Retry)
+    return isinstance(decision, RetryDecision)
 
 
 def is_permanent(decision: Decision) -> bool:
-    return decision == DeadLetter(Category.PERMANENT, decision.reason)
+    return decision == DeadLetterDecision(Category.PERMANENT, decision.reason)
 
 
 def is_bug(decision: Decision) -> bool:
-    return decision == DeadLetter(Category.BUG, decision.reason, alert=True)
+    return decision == DeadLetterDecision(Category.BUG, decision.reason, alert=True)
 
 
 def mimic(qualified: str, base: type[Exception] = Exception, **attrs: Any) -> type[Exception]:
@@ -94,27 +94,27 @@ def urllib_error(status: int, retry_after: str | None = None) -> urllib.error.HT
 
 
 def test_a_transient_error_is_retried_after_its_retry_after() -> None:
-    assert decide(TransientError("busy", retry_after=7)) == Retry("busy", delay=7.0)
+    assert decide(TransientError("busy", retry_after=7)) == RetryDecision("busy", delay=7.0)
 
 
 def test_a_transient_error_without_retry_after_uses_the_backoff() -> None:
-    assert decide(TransientError("busy")) == Retry("busy", delay=None)
+    assert decide(TransientError("busy")) == RetryDecision("busy", delay=None)
 
 
 def test_an_uncertain_outcome_is_retried_with_reconcile_first() -> None:
-    assert decide(UncertainOutcomeError("charge timed out")) == Retry(
+    assert decide(UncertainOutcomeError("charge timed out")) == RetryDecision(
         "charge timed out", reconcile=True
     )
 
 
 def test_a_permanent_error_is_dead_lettered_as_permanent_without_alert() -> None:
-    assert decide(PermanentError("card declined")) == DeadLetter(
+    assert decide(PermanentError("card declined")) == DeadLetterDecision(
         Category.PERMANENT, "card declined"
     )
 
 
 def test_skip_job_ends_the_job_as_skipped() -> None:
-    assert decide(SkipJob("order cancelled")) == Skip("order cancelled")
+    assert decide(SkipJob("order cancelled")) == SkipDecision("order cancelled")
 
 
 def test_a_payload_error_is_dead_lettered_as_permanent() -> None:
@@ -178,7 +178,7 @@ def test_any_other_4xx_is_dead_lettered_as_permanent_too(status: int) -> None:
 
 
 def test_a_urllib_429_honours_retry_after_in_seconds() -> None:
-    assert decide(urllib_error(429, "120")) == Retry(
+    assert decide(urllib_error(429, "120")) == RetryDecision(
         "urllib.error.HTTPError: HTTP 429 is transient", delay=120.0
     )
 
@@ -186,26 +186,26 @@ def test_a_urllib_429_honours_retry_after_in_seconds() -> None:
 def test_a_urllib_503_honours_retry_after_as_an_http_date() -> None:
     at = datetime.now(UTC) + timedelta(seconds=90)
     decision = decide(urllib_error(503, format_datetime(at, usegmt=True)))
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryDecision)
     assert decision.delay is not None
     assert 85 <= decision.delay <= 90
 
 
 def test_a_requests_style_429_honours_the_response_retry_after_header() -> None:
     decision = decide(requests_error(429, {"Retry-After": "30"}))
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryDecision)
     assert decision.delay == 30.0
 
 
 def test_a_lowercase_retry_after_header_is_found_too() -> None:
     decision = decide(requests_error(503, {"retry-after": "5"}))
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryDecision)
     assert decision.delay == 5.0
 
 
 def test_retry_after_is_ignored_for_statuses_other_than_429_and_503() -> None:
     decision = decide(requests_error(502, {"Retry-After": "30"}))
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryDecision)
     assert decision.delay is None
 
 
@@ -213,7 +213,7 @@ def test_an_httpx_style_status_error_is_classified_by_its_response() -> None:
     HTTPStatusError = mimic("httpx.HTTPStatusError")
     exc = HTTPStatusError("Server error")
     exc.response = Response(503, {"Retry-After": "4"})  # type: ignore[attr-defined]
-    assert decide(exc) == Retry("httpx.HTTPStatusError: HTTP 503 is transient", delay=4.0)
+    assert decide(exc) == RetryDecision("httpx.HTTPStatusError: HTTP 503 is transient", delay=4.0)
 
 
 def test_an_exception_with_a_status_code_or_status_attribute_is_classified() -> None:
@@ -451,8 +451,8 @@ class NotFoundAnymore(LookupError):
 
 
 def test_a_task_rule_is_placed_before_the_defaults() -> None:
-    table = DEFAULT_TABLE.extend(when(ConnectionResetError, Skip("peer went away")))
-    assert table.decide(ConnectionResetError()) == Skip("peer went away")
+    table = DEFAULT_TABLE.extend(when(ConnectionResetError, SkipDecision("peer went away")))
+    assert table.decide(ConnectionResetError()) == SkipDecision("peer went away")
     assert table.names[0] == "ConnectionResetError"
     assert table.names[1:] == DEFAULT_TABLE.names
 
@@ -470,26 +470,26 @@ def test_the_mapping_form_declares_transient_permanent_and_skip() -> None:
         {RateLimited: "transient", NotFoundAnymore: "skip", UnicodeError: "permanent"}
     )
     assert is_retry(table.decide(RateLimited()))
-    assert isinstance(table.decide(NotFoundAnymore()), Skip)
+    assert isinstance(table.decide(NotFoundAnymore()), SkipDecision)
     assert is_permanent(table.decide(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad")))
 
 
 def test_the_mapping_form_accepts_a_decision_value() -> None:
-    table = DEFAULT_TABLE.extend({RateLimited: Retry("rate limited", delay=60)})
-    assert table.decide(RateLimited()) == Retry("rate limited", delay=60)
+    table = DEFAULT_TABLE.extend({RateLimited: RetryDecision("rate limited", delay=60)})
+    assert table.decide(RateLimited()) == RetryDecision("rate limited", delay=60)
 
 
 def test_a_later_extension_wins_over_an_earlier_one() -> None:
     table = DEFAULT_TABLE.extend({RateLimited: "permanent"}).extend({RateLimited: "skip"})
-    assert isinstance(table.decide(RateLimited()), Skip)
+    assert isinstance(table.decide(RateLimited()), SkipDecision)
 
 
 def test_a_rule_may_decline_and_let_the_next_rule_answer() -> None:
     def only_teapots(exc: BaseException) -> Decision | None:
-        return Skip("teapot") if http_status(exc) == 418 else None
+        return SkipDecision("teapot") if http_status(exc) == 418 else None
 
     table = DEFAULT_TABLE.extend(Rule(lambda exc: True, only_teapots, "teapots"))
-    assert table.decide(requests_error(418)) == Skip("teapot")
+    assert table.decide(requests_error(418)) == SkipDecision("teapot")
     assert is_retry(table.decide(requests_error(503)))
     assert is_bug(table.decide(TypeError()))
 
@@ -512,9 +512,11 @@ def test_mapping_every_exception_is_refused_with_the_fix(key: type[BaseException
 
 def test_a_retry_rule_that_matches_every_exception_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="would retry every exception"):
-        DEFAULT_TABLE.extend(Rule(lambda exc: True, lambda exc: Retry("always"), "retry all"))
+        DEFAULT_TABLE.extend(
+            Rule(lambda exc: True, lambda exc: RetryDecision("always"), "retry all")
+        )
     with pytest.raises(ConfigurationError, match="would retry every exception"):
-        DEFAULT_TABLE.extend(when(Exception, Retry("always")))
+        DEFAULT_TABLE.extend(when(Exception, RetryDecision("always")))
 
 
 def test_a_catch_all_rule_that_does_not_retry_is_allowed() -> None:
@@ -531,7 +533,7 @@ def test_an_unknown_outcome_or_key_is_refused_with_the_choices() -> None:
 
 def test_decisions_and_tables_are_frozen() -> None:
     with pytest.raises(FrozenInstanceError):
-        Retry("x").delay = 5  # type: ignore[misc]
+        RetryDecision("x").delay = 5  # type: ignore[misc]
     with pytest.raises(FrozenInstanceError):
         DEFAULT_TABLE.rules = ()  # type: ignore[misc]
     assert isinstance(DEFAULT_TABLE.rules, tuple)
@@ -544,12 +546,12 @@ def test_the_default_table_reads_top_to_bottom_ours_first() -> None:
         "PermanentError",
         "SkipJob",
     ]
-    assert DecisionTable().decide(TransientError()) == DeadLetter(
+    assert DecisionTable().decide(TransientError()) == DeadLetterDecision(
         Category.BUG, "conventions.errors.TransientError is not classified: a bug", alert=True
     )
 
 
-# -- Retry-After parsing ------------------------------------------------------------------
+# -- RetryDecision-After parsing ------------------------------------------------------------------
 
 NOW = datetime(2026, 1, 15, 12, 0, 0, tzinfo=UTC)
 

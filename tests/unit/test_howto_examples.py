@@ -11,7 +11,7 @@ import datetime as dt
 import pytest
 
 from conventions import ConfigurationError, JobContext, PayloadError
-from conventions.jobs.decisions import DeadLetter, Retry, Skip
+from conventions.jobs.decisions import DeadLetterDecision, RetryDecision, SkipDecision
 from conventions.store.records import Category
 from conventions.task import ConventionTask
 from conventions.tracing.context import Trace
@@ -31,20 +31,22 @@ def test_the_complete_task_charges_the_provider_once_per_idempotency_key() -> No
     assert task.run(payload, ctx) == "charged"
     assert task.run(payload, ctx) == "charged"  # a retry: same key, no second charge
     assert list(provider.charges) == ["charge:ord_0001"]
-    assert isinstance(task.decisions.decide(charge_order.RateLimited()), Retry)
+    assert isinstance(task.decisions.decide(charge_order.RateLimited()), RetryDecision)
     assert task.replayable is False
 
 
 def test_the_errors_mapping_gives_each_exception_its_decision() -> None:
     decide = errors.refund.decisions.decide
-    assert isinstance(decide(errors.RateLimited()), Retry)
-    assert decide(errors.AccountClosed()) == DeadLetter(
+    assert isinstance(decide(errors.RateLimited()), RetryDecision)
+    assert decide(errors.AccountClosed()) == DeadLetterDecision(
         Category.PERMANENT, decide(errors.AccountClosed()).reason
     )
-    assert isinstance(decide(errors.AlreadyRefunded()), Skip)
-    assert decide(errors.Throttled()) == Retry("provider throttled", delay=60)
-    assert decide(errors.FraudSuspected()) == DeadLetter(Category.PERMANENT, "fraud check", True)
-    assert isinstance(decide(ValueError("unknown")), DeadLetter)  # a bug, as always
+    assert isinstance(decide(errors.AlreadyRefunded()), SkipDecision)
+    assert decide(errors.Throttled()) == RetryDecision("provider throttled", delay=60)
+    assert decide(errors.FraudSuspected()) == DeadLetterDecision(
+        Category.PERMANENT, "fraud check", True
+    )
+    assert isinstance(decide(ValueError("unknown")), DeadLetterDecision)  # a bug, as always
 
 
 def test_the_extended_table_matches_by_name_and_by_predicate_and_keeps_the_defaults() -> None:
@@ -55,9 +57,9 @@ def test_the_extended_table_matches_by_name_and_by_predicate_and_keeps_the_defau
     lock = Exception("lock")
     lock.code = "lock_timeout"  # type: ignore[attr-defined]
     decide = errors.capture.decisions.decide
-    assert decide(RateLimitError()) == Retry("stripe rate limit", delay=30)
-    assert decide(lock) == Retry("db lock timeout")
-    assert isinstance(decide(TimeoutError()), Retry)  # from DEFAULT_TABLE
+    assert decide(RateLimitError()) == RetryDecision("stripe rate limit", delay=30)
+    assert decide(lock) == RetryDecision("db lock timeout")
+    assert isinstance(decide(TimeoutError()), RetryDecision)  # from DEFAULT_TABLE
     assert "stripe rate limit" in errors.TABLE.names
 
 
