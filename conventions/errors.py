@@ -18,9 +18,11 @@ The tree (``tree()`` renders the live hierarchy in this format, and a test compa
     |   `-- ResumeLater
     `-- LayerError
         +-- ConfigurationError
+        |   `-- MissingExtra
         +-- PayloadError
         |   `-- KeyConflict
-        `-- QueueOverCapacity
+        +-- QueueOverCapacity
+        `-- BackendUnavailable
 
 The first line of each class's docstring is its default message (``raise SkipJob()``
 reads well in logs without a message). Every constructor takes the message first and
@@ -143,6 +145,19 @@ class ConfigurationError(LayerError):
     """
 
 
+class MissingExtra(ConfigurationError, ImportError):
+    """A feature needs an optional dependency that is not installed.
+
+    The message names the extra to install: ``pip install 'celery-conventions[sql]'``.
+    ``extra`` is its name. It is an ``ImportError`` too, so code that guards an optional
+    import with ``except ImportError`` keeps working.
+    """
+
+    def __init__(self, message: str | None = None, *, extra: str = "") -> None:
+        self.extra: str = extra
+        super().__init__(message)
+
+
 class PayloadError(LayerError, ValueError):
     """The payload failed validation.
 
@@ -213,6 +228,20 @@ class QueueOverCapacity(LayerError):
         self.queue: str = queue
         if message is None and queue:
             message = f"{_default_message(type(self)).rstrip('.')} (queue {queue!r})"
+        super().__init__(message)
+
+
+class BackendUnavailable(LayerError):
+    """The broker or the store did not answer in time: nothing was published.
+
+    Raised by ``.delay()``/``apply_async`` (and the CLI) within the bounded time the
+    profile sets, instead of hanging or retrying without end. ``backend`` says which one
+    (``broker`` or ``store``). A web handler catches this one type and answers 503, or
+    writes the job to the outbox instead (``docs/howto/outbox.md``).
+    """
+
+    def __init__(self, message: str | None = None, *, backend: str = "") -> None:
+        self.backend: str = backend
         super().__init__(message)
 
 

@@ -10,12 +10,14 @@ import pytest
 
 from conventions import errors
 from conventions.errors import (
+    BackendUnavailable,
     ConfigurationError,
     ConventionsError,
     JobOutcome,
     KeyConflict,
     LayerError,
     LockBusy,
+    MissingExtra,
     PayloadError,
     PermanentError,
     QueueOverCapacity,
@@ -37,9 +39,11 @@ ALL = [
     ResumeLater,
     LayerError,
     ConfigurationError,
+    MissingExtra,
     PayloadError,
     KeyConflict,
     QueueOverCapacity,
+    BackendUnavailable,
 ]
 
 
