@@ -34,7 +34,7 @@ unit: install
 # pytest exits 5 when it collects nothing: make fails then, so CI never passes on nothing.
 test: install services lint typecheck docs
 	$(BIN)/python scripts/check_layering.py
-	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance -p no:cacheprovider
+	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -p no:cacheprovider
 
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)

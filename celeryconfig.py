@@ -1,7 +1,8 @@
 """Celery settings: the only place that reads the environment.
 
-It starts from a reliable profile (every setting that differs from Celery's default is
-listed with its reason in ``docs/reference/settings.md``):
+It starts from the layer's reliable profile (``conventions.config.profile.reliable``:
+every setting that differs from Celery's default is listed with its reason in
+``docs/reference/settings.md``) and adds the reference app's own settings:
 
 * ``REDIS_URL``: broker, result backend and the layer's store (default
   ``redis://localhost:6379/0``);
@@ -37,6 +38,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from conventions.config.profile import reliable
 from conventions.jobs import routing
 from conventions.schedules import entries as schedules
 from conventions.schedules import watchdog
@@ -59,24 +61,13 @@ VISIBILITY_TIMEOUT = int(
     or int(max(WORKLOAD_TIME_LIMITS.values()) + LONGEST_RETRY_DELAY) * 2
 )
 
-# -- broker and results --------------------------------------------------------------------
-broker_url = _env.get("CELERY_BROKER_URL") or REDIS_URL
-broker_connection_retry_on_startup = True
-broker_transport_options: dict[str, Any] = {
-    "visibility_timeout": VISIBILITY_TIMEOUT,
-    # one list per queue: a worker reading one queue blocks on it (conventions.transport.redis)
-    "priority_steps": [0],
-    # a killed worker's in-flight fetch goes back to its queue after this many seconds
-    "inbox_timeout": min(60, VISIBILITY_TIMEOUT),
-}
-if broker_url.startswith(("redis://", "rediss://")):
-    # a fetch that cannot lose a message: see conventions/transport/redis.py
-    broker_transport = "conventions.transport.redis:Transport"
+# -- broker options beyond the profile's ---------------------------------------------------
+_transport: dict[str, Any] = {}
 if EMBEDDED:
     _queue_dir = DATA_DIR / "broker"
     for _sub in ("out", "processed"):
         (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
-    broker_transport_options = {
+    _transport = {
         "data_folder_in": str(_queue_dir / "out"),
         "data_folder_out": str(_queue_dir / "out"),
         "processed_folder": str(_queue_dir / "processed"),
@@ -84,61 +75,37 @@ if EMBEDDED:
     }
     (DATA_DIR / "results").mkdir(parents=True, exist_ok=True)
 if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_RESTORE_INTERVAL"):
-    broker_transport_options["unacked_restore_interval"] = int(
-        _env["CONVENTIONS_UNACKED_RESTORE_INTERVAL"]
-    )
-    broker_transport_options["unacked_restore_throttle"] = 1  # every interval, not every 10th
+    _transport["unacked_restore_interval"] = int(_env["CONVENTIONS_UNACKED_RESTORE_INTERVAL"])
+    _transport["unacked_restore_throttle"] = 1  # every interval, not every 10th
 if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_MUTEX_EXPIRE"):
-    broker_transport_options["unacked_mutex_expire"] = int(_env["CONVENTIONS_UNACKED_MUTEX_EXPIRE"])
+    _transport["unacked_mutex_expire"] = int(_env["CONVENTIONS_UNACKED_MUTEX_EXPIRE"])
 
-result_backend = _env.get("CELERY_RESULT_BACKEND") or (
-    f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL
+# -- the reliable profile (conventions.config.profile; docs/reference/settings.md) ---------
+# late acks, reject on worker lost, prefetch 1, JSON only, the layer's transport and result
+# backend, retried result writes, events, soft shutdown, time limits, a bounded publish
+broker_url = _env.get("CELERY_BROKER_URL") or REDIS_URL
+globals().update(
+    reliable(
+        broker_url=broker_url,
+        store_url=_env.get("CONVENTIONS_STORE_URL")
+        or (f"sqlite:///{DATA_DIR / 'store.sqlite3'}" if EMBEDDED else REDIS_URL),
+        result_backend=_env.get("CELERY_RESULT_BACKEND")
+        or (f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL),
+        visibility_timeout=VISIBILITY_TIMEOUT,
+        # the tests shorten the visibility timeout below the time limits on purpose
+        allow={"visibility_timeout"} if _env.get("CONVENTIONS_VISIBILITY_TIMEOUT") else (),
+        broker_transport_options=_transport,
+    )
 )
-if result_backend.startswith(("redis://", "rediss://")):
-    # Celery's Redis backend whose STARTED and SUCCESS writes carry the ledger's claim and
-    # completion when the store shares the server: see conventions/transport/results.py
-    result_backend = f"conventions.transport.results:RedisBackend+{result_backend}"
-result_expires = 86400
-# A result write that fails on a lost connection (STARTED, or the final state) waits for
-# the backend to come back instead of failing the job outside its body, which acks it.
-result_backend_always_retry = True
-result_extended = True
 
-# -- the reliable profile ------------------------------------------------------------------
-task_acks_late = True
-task_reject_on_worker_lost = True
-worker_prefetch_multiplier = 1
-# Keep running late-ack jobs when the broker connection drops: Celery would cancel them
-# and then ack their messages, losing them; the ledger makes a second delivery harmless.
-worker_cancel_long_running_tasks_on_connection_loss = False
-task_serializer = "json"
-result_serializer = "json"
-accept_content = ["json"]
-result_accept_content = ["json"]
-task_send_sent_event = True
-worker_send_task_events = True
-task_track_started = True
-worker_soft_shutdown_timeout = 10.0
-worker_enable_soft_shutdown_on_idle = True
-task_time_limit = 300
-task_soft_time_limit = 270
-enable_utc = True
-timezone = "UTC"
-
-# -- routing -------------------------------------------------------------------------------
-task_create_missing_queues = False
+# -- routing (the profile refuses a route to an undeclared queue) ---------------------------
 task_default_queue = "email"
 task_queues = routing.queues_for(WORKLOADS)
 task_routes = (routing.WorkloadRouter(WORKLOADS),)
 
 # -- the layer -----------------------------------------------------------------------------
-# a message the worker cannot run is dead-lettered (raw body kept), never just logged
-worker_consumer = "conventions.worker.consumer:Consumer"
 conventions_workloads = WORKLOADS
 conventions_workload_time_limits = WORKLOAD_TIME_LIMITS
-conventions_store_url = _env.get("CONVENTIONS_STORE_URL") or (
-    f"sqlite:///{DATA_DIR / 'store.sqlite3'}" if EMBEDDED else REDIS_URL
-)
 conventions_lease_seconds = float(_env.get("CONVENTIONS_LEASE_SECONDS", "30"))
 conventions_log_format = _env.get("CONVENTIONS_LOG_FORMAT", "text")
 #: how long a job may wait in each queue before QueueOldestJobOverSLO fires (seconds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from conventions.app import App
 from conventions.errors import (
+    BackendUnavailable,
     ConfigurationError,
     ConventionsError,
     PayloadError,
@@ -19,6 +20,7 @@ from conventions.errors import (
     UncertainOutcomeError,
 )
 from conventions.jobs.backoff import Backoff
+from conventions.jobs.contract import Contract
 from conventions.jobs.payloads import Id, Payload, sensitive
 from conventions.task import ConventionTask, DuplicateResult
 from conventions.tracing.context import bind
@@ -26,8 +28,10 @@ from conventions.worker.job_context import JobContext
 
 __all__ = [
     "App",
+    "BackendUnavailable",
     "Backoff",
     "ConfigurationError",
+    "Contract",
     "ConventionTask",
     "ConventionsError",
     "DuplicateResult",

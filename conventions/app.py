@@ -14,23 +14,22 @@ from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any, TypeVar, cast
 
-from celery import Celery, signals
+from celery import Celery
 
-from conventions.capacity import backpressure, limits
+from conventions.capacity import backpressure
 from conventions.config import settings
+from conventions.config.capacity import check_uses
 from conventions.errors import ConfigurationError
 from conventions.jobs import routing
 from conventions.jobs.backoff import Backoff
+from conventions.jobs.contract import Contract
 from conventions.jobs.decisions import DEFAULT_TABLE, Decision, DecisionTable
 from conventions.jobs.payloads import Payload
-from conventions.observability import alerts
-from conventions.ops import retention
 from conventions.store import Store, open_store
 from conventions.task import ConventionTask, KeyTemplate, template_fields
 from conventions.tracing.headers import READY
 from conventions.worker import job_context as joblib
-from conventions.worker import lifecycle, reservations
-from conventions.worker import signals as tracing
+from conventions.worker.wiring import Wiring
 
 #: ``domain.action.vN``: lower-case words, a version from 1
 NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*\.v[1-9][0-9]*$")
@@ -118,10 +117,11 @@ class App(Celery):  # type: ignore[misc]
     """A Celery app with the layer's conventions."""
 
     def on_init(self) -> None:
-        """Celery's hook at the end of ``__init__``: connect the worker-side handlers
-        this app needs (each once per process, whatever the number of apps)."""
+        """Celery's hook at the end of ``__init__``: connect this app's own signal
+        handlers (:mod:`conventions.worker.wiring`; nothing is connected at import)."""
         super().on_init()
-        reservations.connect()  # a revoked or expired job gives its key back
+        self._cc_wiring = Wiring(self)
+        self._cc_wiring.connect()
         # what Celery shows of the settings (celery report, inspect conf) masks every
         # URL's password, the layer's settings included; the values are untouched (the
         # settings view stores attributes as settings: hence object.__setattr__)
@@ -129,11 +129,11 @@ class App(Celery):  # type: ignore[misc]
 
     def job(
         self,
-        name: str,
+        name: str | Contract,
         *,
-        payload: type[Payload],
-        key: KeyTemplate,
-        workload: str,
+        payload: type[Payload] | None = None,
+        key: KeyTemplate | None = None,
+        workload: str | None = None,
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
         replayable: bool = True,
@@ -155,7 +155,34 @@ class App(Celery):  # type: ignore[misc]
         ``key_override=True``: a call may give the key (``idempotency_key=``) and the
         worker takes the one the message carries; off (the default), the key is always
         the one ``key`` derives from the payload (docs/howto/idempotency.md).
+
+        ``@app.job(CONTRACT, backoff=...)``: the name, payload, key, workload and publish
+        options come from a :class:`~conventions.jobs.contract.Contract` the web process
+        shares (:meth:`publisher`); the other options are the worker's.
         """
+        if isinstance(name, Contract):
+            if payload is not None or key is not None or workload is not None:
+                raise ConfigurationError(
+                    f"{name.name}: the contract declares the payload, key and workload; "
+                    "give them once, in the Contract"
+                )
+            contract = name
+            if dedup != "until_done" or key_override or overflow != "raise":
+                raise ConfigurationError(
+                    f"{contract.name}: dedup, key_override and overflow change what a "
+                    "publish does: declare them in the Contract, which the publisher shares"
+                )
+            name, payload, key, workload = (
+                contract.name, contract.payload, contract.key, contract.workload
+            )  # fmt: skip
+            dedup, key_override, overflow = (
+                contract.dedup, contract.key_override, contract.overflow
+            )  # fmt: skip
+        if payload is None or key is None or workload is None:
+            raise ConfigurationError(
+                f"{name}: payload=, key= and workload= are required (or declare the job "
+                "from a Contract: @app.job(CONTRACT))"
+            )
         check_definition(self, name, payload, key, workload, time_limit=time_limit)
         check_exclusive(name, payload, exclusive)
         if dedup not in ("until_done", "forever", None) and not isinstance(dedup, int | float):
@@ -168,7 +195,7 @@ class App(Celery):  # type: ignore[misc]
         elif errors:
             table = DEFAULT_TABLE.extend(errors)
         conf = settings.read(self.conf)
-        limits.check_uses(name, tuple(uses), conf.limits)
+        check_uses(name, tuple(uses), conf.limits)
         if overflow not in backpressure.POLICIES:
             raise ConfigurationError(f"{name}: overflow must be 'raise' or 'shed'")
         hard = float(
@@ -193,12 +220,42 @@ class App(Celery):  # type: ignore[misc]
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:
+            existing = self._tasks.get(name)
+            if existing is not None and getattr(existing, "publisher_only", False):
+                self._tasks.unregister(name)  # the body takes the publisher's place
             task = self.task(name=name, base=ConventionTask, lazy=False, shared=False, **options)(
                 fun
             )
             return cast(ConventionTask, task)
 
         return decorate
+
+    def publisher(self, contract: Contract) -> ConventionTask:
+        """The publish side of ``contract``: a task whose ``.delay()``/``apply_async``
+        validate, key, deduplicate and set headers as the job's own do, registered in
+        this app without the job's body (a web process imports the contract only).
+
+        When this app registers the job itself (``@app.job``), that task is returned. A
+        publisher's body never runs: a worker with no body for the job dead-letters it
+        as a bug, with the reason.
+        """
+        registered = self._tasks.get(contract.name)
+        if isinstance(registered, ConventionTask):
+            return registered
+        name = contract.name
+
+        def body(payload: Payload, ctx: joblib.JobContext) -> Any:
+            raise ConfigurationError(
+                f"{name} reached a worker that has its contract but not its body: declare "
+                "the body with @app.job in the app the worker runs (-A)"
+            )
+
+        body.__name__ = f"{name.replace('.', '_')}_publisher"
+        body.__module__ = __name__
+        declare = self.job(contract)
+        task = declare(body)
+        type(task).publisher_only = True
+        return task
 
     def upcaster(
         self, name: str, *, payload: type[Payload], into: ConventionTask
@@ -280,51 +337,3 @@ class App(Celery):  # type: ignore[misc]
         if task is None:
             refuse_unknown_version(name, registered)
         return super().send_task(name, args, kwargs, **options)
-
-
-def _after_fork(**_: Any) -> None:
-    from celery import current_app
-
-    app = current_app._get_current_object()
-    if isinstance(app, App):
-        app.reset_store()
-
-
-signals.worker_process_init.connect(_after_fork)
-tracing.connect()
-
-
-def _app_of(sender: Any) -> Any:
-    from celery import current_app
-
-    return getattr(sender, "app", None) or current_app._get_current_object()
-
-
-def _init_sentry(sender: Any = None, **_: Any) -> None:
-    """Worker (main process, before the pool forks) and beat: Sentry when ``sentry_dsn``
-    is set. A bad DSN is logged, not raised: the worker runs on without Sentry."""
-    try:
-        alerts.init_sentry(_app_of(sender).conf.get("sentry_dsn"))
-    except Exception:
-        alerts.logger.exception("could not initialise Sentry; running without it")
-
-
-signals.worker_init.connect(_init_sentry)
-signals.beat_init.connect(_init_sentry)
-
-
-def _start_retention(sender: Any = None, **_: Any) -> None:
-    app = _app_of(sender)
-    if isinstance(app, App):
-        retention.start(app)
-
-
-def _stop_retention(sender: Any = None, **_: Any) -> None:
-    app = _app_of(sender)
-    if isinstance(app, App):
-        retention.stop(app)
-
-
-lifecycle.connect()  # the doctor at worker start, the stop flag and grace at shutdown
-signals.worker_ready.connect(_start_retention)
-signals.worker_shutdown.connect(_stop_retention)

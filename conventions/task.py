@@ -10,6 +10,7 @@ as ``invalid``) -> ledger claim (done: skip; held: defer; too many deliveries: p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import string
 import uuid
@@ -39,7 +40,6 @@ from conventions.tracing.headers import READY
 from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from conventions.worker import delivery as runner
-from conventions.worker import exits
 
 KeyTemplate = str | Callable[[Any], str]
 
@@ -61,6 +61,8 @@ class ConventionTask(Task):  # type: ignore[misc]
     """Base class of every convention task; declare tasks with ``app.job(...)``."""
 
     typing = False
+    #: marks a convention job for code that must not import this module (the wiring)
+    conventions_job: ClassVar[bool] = True
     max_retries = None  # attempts are ours: see ``backoff``
     acks_late = True
     reject_on_worker_lost = True
@@ -154,33 +156,27 @@ class ConventionTask(Task):  # type: ignore[misc]
             )  # fmt: skip
         if self.dedup is not None:
             # one round trip: the reservation and, when it is ours, the audit event
-            holder = store.reserve(
-                key, task_id, self._dedup_ttl(), audit=None if refusal else published,
-                fingerprint=fingerprint,
-            )  # fmt: skip
+            with onetrip.bounded(self.app.conf, "store"):
+                holder = store.reserve(
+                    key, task_id, self._dedup_ttl(), audit=None if refusal else published,
+                    fingerprint=fingerprint,
+                )  # fmt: skip
             if holder is not None:
                 return self._duplicate_of(holder, headers, key, fingerprint)
         if refusal is not None:
             return backpressure.refuse(self, refusal, key, task_id, headers)
         try:
-            result = super().apply_async(
-                (),
-                data,
-                task_id,
-                producer,
-                link,
-                link_error,
-                shadow,
-                headers=headers,
-                kwargsrepr=_kwargsrepr(data, headers),
-                **{READY: True},
-                **options,
-            )
+            with onetrip.bounded(self.app.conf, "broker"):
+                result = super().apply_async(
+                    (), data, task_id, producer, link, link_error, shadow, headers=headers,
+                    kwargsrepr=_kwargsrepr(data, headers), **{READY: True}, **options,
+                )  # fmt: skip
         except BaseException as exc:
             self._publish_failed(key, task_id, headers, exc)
             raise
         if self.dedup is None:
-            store.add_audit(published)
+            with contextlib.suppress(*onetrip.UNREACHABLE):  # published: only its event lost
+                store.add_audit(published)
         result.deduplicated = False
         return result
 
@@ -202,7 +198,7 @@ class ConventionTask(Task):  # type: ignore[misc]
             published, fingerprint,
         )  # fmt: skip
         try:
-            with broker.pushing_through(pushed):
+            with onetrip.bounded(self.app.conf, "broker"), broker.pushing_through(pushed):
                 result = super().apply_async(
                     (), data, task_id, *celery_args, headers=headers,
                     kwargsrepr=_kwargsrepr(data, headers), **{READY: True}, **options,
@@ -211,7 +207,8 @@ class ConventionTask(Task):  # type: ignore[misc]
             onetrip.forget(self.app, task_id)
             return self._duplicate_of(duplicate.holder, headers, key, fingerprint)
         except BaseException as exc:
-            self._publish_failed(key, task_id, headers, exc)
+            if pushed.tried:  # else nothing was reserved, nor pushed
+                self._publish_failed(key, task_id, headers, exc)
             raise
         if not pushed.ran:  # another producer's connection published it: no reservation
             logger.warning("%s[%s] was published without its reservation", self.name, task_id)
@@ -236,9 +233,16 @@ class ConventionTask(Task):  # type: ignore[misc]
     def _publish_failed(
         self, key: str, task_id: str, headers: dict[str, Any], exc: BaseException
     ) -> None:
-        """Give the key back and say so, when a publish raised (nothing was enqueued)."""
+        """Give the key back and say so, when a publish raised (nothing was enqueued).
+        A store that is down too keeps the reservation until its ttl: said in the log."""
         if self.dedup is not None:
-            self.store.unreserve(key, task_id)
+            try:
+                self.store.unreserve(key, task_id)
+            except onetrip.UNREACHABLE:
+                logger.warning("%s[%s]: the store is unavailable: a reservation of %r made "
+                               "before the failure stays until it expires", self.name, task_id,
+                               key)  # fmt: skip
+                return
             audit.record(
                 self.store, "publish_failed", self.name, task_id, headers,
                 detail={"exc_type": type(exc).__qualname__},
@@ -340,7 +344,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         """Celery calls this in the main process when the hard time limit kills a job;
         every other failure was already decided by the runner in the child."""
         if isinstance(exc, TimeLimitExceeded):
-            exits.dead_letter_hard_timeout(self, task_id, kwargs, exc)
+            runner.dead_letter_hard_timeout(self, task_id, kwargs, exc)
 
     # -- run ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

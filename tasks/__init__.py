@@ -2,18 +2,31 @@
 
 ``celery -A tasks worker -Q email,heavy`` serves every reference task: receipts on the
 light ``email`` lane, payment events on it too, reports on the ``heavy`` lane.
+
+This package is light on purpose: importing ``tasks.contracts`` (what a web process
+needs to publish, see ``tasks.publishing``) imports neither the worker app nor the job
+bodies nor what they import (SQLAlchemy, the mail client). The worker app lives in
+``tasks.celery`` and is loaded on first use of ``tasks.app`` (Celery's ``-A tasks`` reads
+that attribute).
 """
 
 from __future__ import annotations
 
-from conventions import App
-from conventions.schedules import watchdog
+from typing import TYPE_CHECKING, Any
 
-app = App("tasks")
-app.config_from_object("celeryconfig")
+if TYPE_CHECKING:
+    from tasks.celery import app as app
 
-from tasks import payments, receipts, reports  # noqa: E402  (registers the tasks)
+#: what ``tasks.<name>`` loads the worker app for (the app and its job modules)
+_WORKER = ("app", "payments", "receipts", "reports")
 
-watchdog.register(app)  # ops.watchdog.v1, scheduled by celeryconfig's SCHEDULE
+
+def __getattr__(name: str) -> Any:
+    if name in _WORKER:
+        from tasks import celery
+
+        return getattr(celery, name)
+    raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+
 
 __all__ = ["app", "payments", "receipts", "reports"]

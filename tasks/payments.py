@@ -7,23 +7,18 @@ the ``once`` marker commits with the payment, and the receipt goes out as a chil
 
 from __future__ import annotations
 
-from conventions import Id, JobContext, Payload, PermanentError
+from conventions import JobContext, PermanentError
 from conventions.transactional.once import once
-from tasks import app, db, shop
-from tasks.receipts import send_receipt
+from tasks import contracts, db, shop
+from tasks.celery import app
+from tasks.contracts import ApplyEvent
 
-
-class ApplyEvent(Payload):
-    """Which payment event to apply."""
-
-    event_id: Id
+#: the receipt job, published by its contract (its body is in tasks.receipts)
+send_receipt = app.publisher(contracts.SEND_RECEIPT)
 
 
 @app.job(
-    "payments.apply_event.v1",
-    payload=ApplyEvent,
-    key="payment-event:{event_id}",
-    workload="email",
+    contracts.APPLY_EVENT,
     replayable=False,  # moves money: replay needs --force and a reason
 )
 def apply_event(payload: ApplyEvent, ctx: JobContext) -> str:

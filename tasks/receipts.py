@@ -12,27 +12,15 @@ from __future__ import annotations
 import logging
 import smtplib
 from email.message import EmailMessage
-from typing import Literal
 from urllib.parse import urlparse
 
-from conventions import Backoff, Id, JobContext, Payload, PermanentError
+from conventions import Backoff, JobContext, PermanentError
 from conventions.transactional.once import once
-from tasks import app, db, shop
+from tasks import contracts, db, shop
+from tasks.celery import app
+from tasks.contracts import SendReceipt, SendReceiptV1
 
 logger = logging.getLogger(__name__)
-
-
-class SendReceiptV1(Payload):
-    """Which order's receipt to send (v1: still accepted while old messages drain)."""
-
-    order_id: Id
-
-
-class SendReceipt(Payload):
-    """Which order's receipt to send, and in which layout (v2)."""
-
-    order_id: Id
-    layout: Literal["basic", "detailed"] = "basic"
 
 
 def message_id(order_id: str) -> str:
@@ -55,13 +43,7 @@ def _deliver(mail: EmailMessage) -> None:
 RECEIPT_BACKOFF = Backoff(base=1.0)
 
 
-@app.job(
-    "email.send_receipt.v2",
-    payload=SendReceipt,
-    key="receipt:{order_id}",
-    workload="email",
-    backoff=RECEIPT_BACKOFF,
-)
+@app.job(contracts.SEND_RECEIPT, backoff=RECEIPT_BACKOFF)
 def send_receipt(payload: SendReceipt, ctx: JobContext) -> str:
     """Send the receipt of ``payload.order_id`` unless it was already sent."""
     with db.transaction() as session:

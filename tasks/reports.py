@@ -21,17 +21,13 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from conventions import JobContext, Payload
+from conventions import JobContext
 from conventions.errors import ResumeLater
-from tasks import app, db, shop
+from tasks import contracts, db, shop
+from tasks.celery import app
+from tasks.contracts import DailySales
 
 logger = logging.getLogger("tasks.reports")
-
-
-class DailySales(Payload):
-    """Which business day to report."""
-
-    business_date: dt.date
 
 
 def _window(day: dt.date) -> tuple[dt.datetime, dt.datetime]:
@@ -93,12 +89,7 @@ def _write_report(day: dt.date) -> dict[str, int]:
     return {"orders": int(orders), "revenue_minor": int(revenue), "chunks": int(chunks)}
 
 
-@app.job(
-    "reports.daily_sales.v1",
-    payload=DailySales,
-    key="daily-sales:{business_date}",
-    workload="heavy",
-)
+@app.job(contracts.DAILY_SALES)
 def daily_sales(payload: DailySales, ctx: JobContext) -> dict[str, int]:
     """Count the day's orders and revenue, chunk by chunk, resumable from a checkpoint."""
     day = payload.business_date

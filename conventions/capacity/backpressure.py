@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery.result import AsyncResult
 
+from conventions.config.capacity import Bound
 from conventions.errors import ConfigurationError, QueueOverCapacity
 from conventions.jobs import routing
 from conventions.observability import audit
@@ -38,7 +39,7 @@ from conventions.store.records import utcnow
 from conventions.tracing import headers as hdr
 
 if TYPE_CHECKING:
-    from conventions.task import ConventionTask
+    from conventions.jobs.protocol import JobTask
 
 #: seconds a queue reading is reused by one process
 READING_TTL = 1.0
@@ -47,16 +48,6 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 PRIORITY_SEP = "\x06\x16"
 #: the overflow policies a task may declare
 POLICIES = ("raise", "shed")
-
-
-@dataclass(frozen=True)
-class Bound:
-    """The most a queue may hold before producers are refused."""
-
-    queue: str
-    max_depth: int | None = None
-    #: seconds the oldest waiting job may have waited
-    max_age: float | None = None
 
 
 @dataclass
@@ -74,22 +65,6 @@ class ShedResult(AsyncResult):  # type: ignore[misc]
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
         raise QueueOverCapacity(f"job {self.id} was shed: its queue was over capacity")
-
-
-def parse(raw: Mapping[str, Any] | None) -> dict[str, Bound]:
-    """The ``conventions_backpressure`` setting, checked."""
-    bounds: dict[str, Bound] = {}
-    for queue, spec in (raw or {}).items():
-        if not isinstance(spec, Mapping) or not spec or not set(spec) <= {"max_depth", "max_age"}:
-            raise ConfigurationError(
-                f"conventions_backpressure[{queue!r}]: write {{'max_depth': N}}, "
-                f"{{'max_age': seconds}} or both; got {spec!r}"
-            )
-        depth, age = spec.get("max_depth"), spec.get("max_age")
-        bounds[queue] = Bound(
-            queue, None if depth is None else int(depth), None if age is None else float(age)
-        )
-    return bounds
 
 
 class Gauge:
@@ -165,7 +140,7 @@ def _age(raw: bytes) -> float | None:
 gauge = Gauge()
 
 
-def queue_of(task: ConventionTask, options: Mapping[str, Any]) -> str | None:
+def queue_of(task: JobTask, options: Mapping[str, Any]) -> str | None:
     """The queue a publish goes to: ``queue=`` when given, else the workload's queue."""
     queue = options.get("queue")
     if queue is not None:
@@ -189,7 +164,7 @@ class Refusal:
     reason: str
 
 
-def check(task: ConventionTask, options: Mapping[str, Any]) -> Refusal | None:
+def check(task: JobTask, options: Mapping[str, Any]) -> Refusal | None:
     """Why a publish of ``task`` must not go on now, or None (always None when the
     task's queue has no bound: one dict lookup)."""
     bounds = task.settings.backpressure
@@ -205,7 +180,7 @@ def check(task: ConventionTask, options: Mapping[str, Any]) -> Refusal | None:
 
 
 def refuse(
-    task: ConventionTask, refusal: Refusal, key: str, task_id: str, headers: dict[str, Any]
+    task: JobTask, refusal: Refusal, key: str, task_id: str, headers: dict[str, Any]
 ) -> ShedResult:
     """Apply the task's policy to a publish past a bound (after the dedup check: a
     duplicate of an accepted job still gets its handle): drop the key's reservation,

@@ -25,109 +25,46 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from celery.exceptions import Ignore, Reject
 
-from conventions.errors import ConfigurationError
+from conventions.capacity.leases import keeper
+from conventions.config.capacity import Limit
 from conventions.jobs import decisions
 from conventions.tracing import headers as hdr
-from conventions.worker.job_context import keeper
 
 if TYPE_CHECKING:
+    from conventions.jobs.protocol import JobTask
     from conventions.store.base import Store
-    from conventions.worker.delivery import Delivery
+
+
+class Delivery(Protocol):
+    """What the limiter uses of a delivery (:class:`conventions.worker.delivery.Delivery`):
+    its task and body, its headers (the limiter's state rides in one), its owner (slot
+    leases are held in its name), and its deferral."""
+
+    @property
+    def task(self) -> JobTask: ...
+    @property
+    def body(self) -> JobTask: ...
+    @property
+    def headers(self) -> dict[str, Any]: ...
+    @property
+    def owner(self) -> str: ...
+    def defer(
+        self, reason: str, *, store_down: bool = False, countdown: float | None = None
+    ) -> NoReturn: ...
+
 
 logger = logging.getLogger("conventions.capacity.limits")
 
-#: seconds a concurrency slot's lease lasts unless renewed: a dead holder frees it after
-DEFAULT_SLOT_LEASE = 15.0
 #: first and longest delay before a job that found every slot taken tries again
 SLOT_WAIT_BASE = 0.25
 SLOT_WAIT_CAP = 5.0
 #: the message header that carries the limiter's state across deferrals
 HEADER = hdr.LIMITS
-
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([a-z]+)\s*$")
-_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
-_UNITS |= {"h": 3600.0, "hour": 3600.0}
-
-
-@dataclass(frozen=True)
-class Limit:
-    """One dependency's limits, as declared."""
-
-    name: str
-    #: seconds between two tokens, None when the dependency has no rate
-    interval: float | None = None
-    #: tokens that may be taken at once after an idle spell (1: evenly spaced)
-    burst: int = 1
-    #: calls at once across the fleet, None when uncapped
-    concurrency: int | None = None
-    #: seconds a slot's lease lasts unless renewed
-    lease: float = DEFAULT_SLOT_LEASE
-
-    @property
-    def bucket(self) -> str:
-        return f"limit:{self.name}"
-
-    def slots(self) -> list[str]:
-        """The slot lease names, starting at a random one (spreads the first tries)."""
-        count = self.concurrency or 0
-        start = random.randrange(count) if count else 0
-        return [f"limit:{self.name}:{(start + i) % count}" for i in range(count)]
-
-
-def parse_rate(text: str, where: str = "rate") -> float:
-    """``"5/s"``, ``"100/m"``, ``"1/10s"`` -> seconds between two tokens."""
-    match = _RATE.match(str(text).lower())
-    unit = _UNITS.get(match.group(3)) if match else None
-    if not match or unit is None or float(match.group(1)) <= 0:
-        raise ConfigurationError(
-            f"{where}: {text!r} is not a rate; write '<count>/<unit>' with a unit of "
-            "s, m or h, e.g. '5/s', '100/m', '1/10s'"
-        )
-    return float(match.group(2) or 1) * unit / float(match.group(1))
-
-
-def parse(raw: Mapping[str, Any] | None) -> dict[str, Limit]:
-    """The ``conventions_limits`` setting, checked: a bad entry says the fix."""
-    limits: dict[str, Limit] = {}
-    for name, declared in (raw or {}).items():
-        where = f"conventions_limits[{name!r}]"
-        spec = {"rate": declared} if isinstance(declared, str) else declared
-        if not isinstance(spec, Mapping) or not set(spec) <= {
-            "rate", "burst", "concurrency", "lease",
-        }:  # fmt: skip
-            raise ConfigurationError(
-                f"{where}: write a rate ('5/s') or a dict with rate, burst, concurrency "
-                f"and lease, e.g. {{'concurrency': 2}}; got {spec!r}"
-            )
-        rate, concurrency = spec.get("rate"), spec.get("concurrency")
-        if rate is None and concurrency is None:
-            raise ConfigurationError(f"{where}: give a rate, a concurrency, or both")
-        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-            raise ConfigurationError(f"{where}: concurrency must be a whole number >= 1")
-        burst, lease = int(spec.get("burst", 1)), float(spec.get("lease", DEFAULT_SLOT_LEASE))
-        if burst < 1 or lease <= 0:
-            raise ConfigurationError(f"{where}: burst must be >= 1 and lease > 0 seconds")
-        interval = parse_rate(rate, where) if rate is not None else None
-        limits[name] = Limit(str(name), interval, burst, concurrency, lease)
-    return limits
-
-
-def check_uses(task: str, uses: tuple[str, ...], declared: Mapping[str, Limit]) -> None:
-    """At definition time: every dependency a task uses is declared."""
-    unknown = [name for name in uses if name not in declared]
-    if unknown:
-        raise ConfigurationError(
-            f"{task}: uses={unknown} names undeclared dependencies; declare them in "
-            f"conventions_limits in celeryconfig.py (declared: {sorted(declared)}), "
-            "e.g. conventions_limits = {'smtp': '5/s'}"
-        )
 
 
 def pause(store: Store, limit: Limit, seconds: float) -> None:

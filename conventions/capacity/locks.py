@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from conventions.capacity.leases import keeper
 from conventions.errors import LockBusy
 from conventions.store.base import Store
-from conventions.worker.job_context import keeper
 
 logger = logging.getLogger("conventions.capacity.locks")
 

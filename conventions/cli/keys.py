@@ -19,14 +19,13 @@ Exit status: 0 done (``clear`` of an empty key too: nothing to do), 2 a usage er
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-from collections.abc import Callable
-from typing import Any, TextIO
+
+import click
 
 from conventions.app import App
 from conventions.cli import format as fmt
+from conventions.cli.base import USAGE, Failure, Group, actor_default, command, json_option
 from conventions.observability import audit
 from conventions.store.base import KeyState
 from conventions.tracing import headers as hdr
@@ -35,31 +34,15 @@ from conventions.tracing import headers as hdr
 CLEARED = "key_cleared"
 
 
-def add_parser(commands: Any) -> None:
-    """Add ``keys show|clear`` to the ``conventions`` command."""
-    parser = commands.add_parser("keys", help="one idempotency key: show, clear")
-    actions = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-
-    show = actions.add_parser("show", help="the key's reservation and ledger entry")
-    show.add_argument("key", metavar="KEY", help="the idempotency key, e.g. receipt:ord_1")
-    show.add_argument("--json", action="store_true", help="print JSON")
-
-    clear = actions.add_parser("clear", help="drop the key's reservation and ledger entry")
-    clear.add_argument("key", metavar="KEY", help="the idempotency key, e.g. receipt:ord_1")
-    clear.add_argument("--reason", required=True, help="why (kept in the audit trail)")
-    clear.add_argument(
-        "--actor",
-        default=os.environ.get("USER") or "cli",
-        help="who clears (default: $USER, else 'cli')",
-    )
-    clear.add_argument("--json", action="store_true", help="print JSON")
-    clear.set_defaults(usage_error=clear.error)
+@click.group("keys", cls=Group)
+def keys_group() -> None:
+    """One idempotency key: show, clear."""
 
 
-def check(args: argparse.Namespace) -> None:
+def check(reason: str, **_: object) -> None:
     """Refuse a blank reason before anything is opened (exit status 2)."""
-    if args.command == "keys" and args.keys_command == "clear" and not args.reason.strip():
-        args.usage_error("--reason must not be empty")
+    if not reason.strip():
+        raise Failure("keys clear: --reason must not be empty", USAGE)
 
 
 def trail_of(key: str) -> str:
@@ -82,42 +65,51 @@ def describe(state: KeyState) -> str:
     return f"key          {state.key}\nreservation  {reserved}\nledger       {ledger}"
 
 
-def _show(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    state = app.store.key_state(args.key)
-    if args.json:
-        print(json.dumps(state.to_dict(), indent=2), file=out)
+KEY_HELP = "the idempotency key, e.g. receipt:ord_1"
+
+
+@command("show")
+@click.argument("key", metavar="KEY")
+@json_option
+def show_command(app: App, key: str, as_json: bool) -> int:
+    """The key's reservation and ledger entry."""
+    state = app.store.key_state(key)
+    if as_json:
+        print(json.dumps(state.to_dict(), indent=2))
     else:
-        print(describe(state), file=out)
+        print(describe(state))
     return 0
 
 
-def _clear(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    check(args)
+@command("clear", before=check)
+@click.argument("key", metavar="KEY")
+@click.option("--reason", required=True, help="why (kept in the audit trail)")
+@click.option("--actor", default=actor_default, help="who clears (default: $USER, else 'cli')")
+@json_option
+def clear_command(app: App, key: str, reason: str, actor: str, as_json: bool) -> int:
+    """Drop the key's reservation and ledger entry (recorded in the audit trail)."""
     store = app.store
-    seen = store.key_state(args.key)
-    headers = {hdr.CORRELATION: trail_of(args.key), hdr.IDEMPOTENCY_KEY: args.key,
-               hdr.ACTOR: args.actor}  # fmt: skip
+    seen = store.key_state(key)
+    headers = {hdr.CORRELATION: trail_of(key), hdr.IDEMPOTENCY_KEY: key, hdr.ACTOR: actor}
     event = audit.event(
         CLEARED, "", seen.reserved_by or "", headers,
-        detail={"actor": args.actor, "reason": args.reason, "reserved_by": seen.reserved_by,
+        detail={"actor": actor, "reason": reason, "reserved_by": seen.reserved_by,
                 "ledger_state": seen.ledger_state, "ledger_owner": seen.ledger_owner},
     )  # fmt: skip
-    cleared = store.clear_key(args.key, audit=event)
-    if args.json:
-        print(json.dumps({"cleared": cleared.to_dict(), "trail": trail_of(args.key)}), file=out)
+    cleared = store.clear_key(key, audit=event)
+    if as_json:
+        print(json.dumps({"cleared": cleared.to_dict(), "trail": trail_of(key)}))
         return 0
-    print(describe(cleared), file=out)
+    print(describe(cleared))
     print(
-        f"cleared by {args.actor}; audit: conventions trace {trail_of(args.key)}"
+        f"cleared by {actor}; audit: conventions trace {trail_of(key)}"
         if not cleared.empty
-        else "nothing was held: the key was free already (recorded all the same)",
-        file=out,
+        else "nothing was held: the key was free already (recorded all the same)"
     )
     return 0
 
 
-Command = Callable[[App, argparse.Namespace, TextIO, TextIO], int]
-COMMANDS: dict[tuple[str, str | None], Command] = {
-    ("keys", "show"): _show,
-    ("keys", "clear"): _clear,
-}
+for _command in (show_command, clear_command):
+    keys_group.add_command(_command)
+#: the commands this module adds to ``conventions``
+COMMANDS = (keys_group,)

@@ -4,62 +4,66 @@
     conventions status TASK_ID [--json]
 
 ``doctor`` exits 1 when it finds an error (warnings alone exit 0); ``status`` exits 1
-when nothing is known about the job.
+when nothing is known about the job. Both exit 3 when the broker, the store or the result
+backend does not answer within the group's ``--timeout``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from typing import Any, TextIO
+import sys
+from typing import Any
 
+import click
+
+from conventions.cli import backends
+from conventions.cli.base import REFUSED, command, json_option, options_of, print_json
 from conventions.observability import progress
 from conventions.ops import doctor, doctor_live
 
 
-def add_parsers(commands: Any) -> None:
-    """Add ``doctor`` and ``status`` to the ``conventions`` sub-commands."""
-    check = commands.add_parser(
-        "doctor", help="check the configuration, the workers and the queues for danger"
-    )
-    check.add_argument("--json", action="store_true", help="print JSON")
-    check.add_argument(
-        "--static", action="store_true", help="configuration only: ask no worker, no queue"
-    )
-    check.add_argument(
-        "--timeout",
-        type=float,
-        default=doctor_live.DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"how long to wait for the workers' replies (default {doctor_live.DEFAULT_TIMEOUT})",
-    )
-    status = commands.add_parser("status", help="a job's state and progress")
-    status.add_argument("task_id", metavar="TASK_ID")
-    status.add_argument("--json", action="store_true", help="print JSON")
-
-
-def run_doctor(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    findings = doctor.static_checks(app)
+@command("doctor")
+@json_option
+@click.option("--static", is_flag=True, help="configuration only: ask no worker, no queue")
+@click.option(
+    "--timeout",
+    "reply_timeout",
+    type=float,
+    default=doctor_live.DEFAULT_TIMEOUT,
+    metavar="SECONDS",
+    help=f"how long to wait for the workers' replies (default {doctor_live.DEFAULT_TIMEOUT})",
+)
+def run_doctor(app: Any, as_json: bool, static: bool, reply_timeout: float) -> int:
+    """Check the configuration, the workers and the queues for danger."""
+    findings = static_checks(app, options_of(click.get_current_context()).timeout)
     live = None
-    if not args.static:
-        live = doctor_live.observe(app, timeout=args.timeout)
+    if not static:
+        live = doctor_live.observe(app, timeout=reply_timeout)
         findings += doctor_live.live_checks(app, live)
     failed = bool(doctor.errors(findings))
-    if args.json:
-        report: dict[str, Any] = {
-            "ok": not failed,
-            "findings": [f.to_dict() for f in findings],
-        }
+    if as_json:
+        report: dict[str, Any] = {"ok": not failed, "findings": [f.to_dict() for f in findings]}
         if live is not None:
             report["workers"] = live.consumers
             report["backlog"] = live.backlog
-        print(json.dumps(report, indent=2), file=out)
+        print_json(report)
     else:
         if live is not None:
             for node, queues in sorted(live.consumers.items()):
-                print(f"worker {node}: consumes {', '.join(queues) or '(nothing)'}", file=out)
-        print(doctor.format_text(findings), file=out)
-    return 1 if failed else 0
+                print(f"worker {node}: consumes {', '.join(queues) or '(nothing)'}")
+        print(doctor.format_text(findings))
+    return REFUSED if failed else 0
+
+
+def static_checks(app: Any, timeout: float) -> list[doctor.Finding]:
+    """The doctor's static checks, asking each Redis server for its settings with the
+    command's timeout (the doctor's own client waits 5 s per call, twice, on a server that
+    accepts and never answers)."""
+    findings = doctor.static_checks(app, server=False)
+    for url in doctor.redis_servers(app.conf):
+        bounded = url if ";" in url else backends.with_timeouts(url, timeout)
+        server = doctor._redis_server_checks(bounded, app.conf)
+        findings += doctor.apply_levels(server, app.conf)
+    return findings
 
 
 def job_status(app: Any, task_id: str) -> dict[str, Any]:
@@ -73,20 +77,28 @@ def job_status(app: Any, task_id: str) -> dict[str, Any]:
     return {"task_id": task_id, "state": state, "progress": latest}
 
 
-def run_status(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    status = job_status(app, args.task_id)
+@command("status")
+@click.argument("task_id", metavar="TASK_ID")
+@json_option
+def run_status(app: Any, task_id: str, as_json: bool) -> int:
+    """A job's state and progress."""
+    status = job_status(app, task_id)
     known = status["state"] != "PENDING" or status["progress"] is not None
-    if args.json:
-        print(json.dumps(status, indent=2, default=str), file=out)
+    if as_json:
+        print_json(status)
     elif not known:
-        print(f"conventions: nothing known about job {args.task_id}", file=err)
+        print(f"conventions: nothing known about job {task_id}", file=sys.stderr)
     else:
-        print(f"{args.task_id}: {status['state']}", file=out)
+        print(f"{task_id}: {status['state']}")
         latest = status["progress"]
         if latest:
             total = latest.get("total")
             shown = f"{latest.get('done')} of {total}" if total else f"{latest.get('done')}"
             percent = f" ({latest['percent']}%)" if latest.get("percent") is not None else ""
-            print(f"progress: {shown}{percent} {latest.get('note') or ''}".rstrip(), file=out)
-            print(f"updated: {latest.get('updated_at')}", file=out)
-    return 0 if known else 1
+            print(f"progress: {shown}{percent} {latest.get('note') or ''}".rstrip())
+            print(f"updated: {latest.get('updated_at')}")
+    return 0 if known else REFUSED
+
+
+#: the commands this module adds to ``conventions``
+COMMANDS = (run_doctor, run_status)

@@ -1,318 +1,133 @@
 """The ``conventions`` command: triage and replay dead letters, trace a story, purge.
 
-    conventions [-A MODULE[:ATTR]] dlq list [--task T] [--category C] [--since D]
-                                            [--limit N] [--json]
-    conventions dlq show ID [--json]
-    conventions dlq replay ID... --reason TEXT [--force] [--actor NAME] [--json]
-    conventions dlq replay --all --task T --reason TEXT [--force] [--actor NAME] [--json]
-    conventions dlq purge --older-than DURATION
-    conventions trace CORRELATION_ID [--json]
-    conventions retention [--dead-letters 30d] [--audit 14d]
-    conventions metrics serve [--port 9808]       (see conventions.cli.observe)
-    conventions queues [--json] [--watch]
-    conventions doctor [--json] [--static] [--timeout S]
-    conventions status TASK_ID [--json]
-    conventions outbox relay|status|init ...   (see conventions.cli.outbox)
-    conventions schedule list | trigger NAME [--at WHEN] | check
-    conventions keys show KEY | clear KEY --reason TEXT [--actor NAME]   (conventions.cli.keys)
+Two ways to run it, the same commands and options in both::
 
-The app is imported by name (``-A``, else ``$CONVENTIONS_APP``, else ``tasks``): the
-layer never imports a project's tasks module itself. Exit status: 0 done, 1 something
-was refused or not found, 2 a usage error (a bad option, an app that does not import).
+    celery -A myproject.worker conventions dlq list        # inside Celery's CLI (a plugin)
+    conventions -A myproject.worker dlq list               # on its own (or python -m conventions)
+
+Inside Celery's CLI the app is the one ``celery -A`` loaded (with ``--config``,
+``--broker`` and the rest applied). On its own, ``-A MODULE[:ATTR]`` or
+``$CONVENTIONS_APP`` names it; there is no default app. The commands:
+
+    conventions dlq list|show|replay|purge ...       (conventions.cli.dlq)
+    conventions trace CORRELATION_ID | retention      (conventions.cli.dlq)
+    conventions metrics serve | queues                (conventions.cli.observe)
+    conventions doctor | status TASK_ID               (conventions.cli.lifecycle)
+    conventions outbox relay|status|dead|init         (conventions.cli.outbox)
+    conventions schedule list|trigger|check           (conventions.cli.schedule)
+    conventions keys show|clear                       (conventions.cli.keys)
+
+Every connection a command opens waits at most ``--timeout`` seconds. Exit status: 0
+done, 1 refused or not found, 2 a usage error, 3 a backend did not answer (see
+``conventions.cli.base``).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import os
 import sys
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, TextIO
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
 
-from conventions.app import App
-from conventions.cli import format as fmt
+import click
+
+from conventions.cli import backends, base
+from conventions.cli import dlq as cli_dlq
 from conventions.cli import keys as cli_keys
 from conventions.cli import lifecycle as cli_lifecycle
 from conventions.cli import observe as cli_observe
 from conventions.cli import outbox as cli_outbox
 from conventions.cli import schedule as cli_schedule
-from conventions.errors import ConfigurationError
-from conventions.ops import replay as replaylib
-from conventions.ops.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, purge_expired
-from conventions.store.records import Category
+
+#: the distribution whose version ``--version`` prints
+DISTRIBUTION = "celery-conventions"
 
 
-class UsageError(Exception):
-    """A usage problem found after parsing (exit status 2)."""
-
-
-def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(f"must be a positive whole number, got {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="conventions", description="Triage and replay dead letters, trace jobs, purge."
-    )
-    parser.add_argument(
-        "-A",
-        "--app",
-        default=os.environ.get("CONVENTIONS_APP") or "tasks",
-        help="the Celery app: MODULE (its attribute 'app') or MODULE:ATTR "
-        "(default: $CONVENTIONS_APP, else 'tasks')",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    dlq = commands.add_parser("dlq", help="dead letters: list, show, replay, purge")
-    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    listing = dlq_commands.add_parser("list", help="list dead letters, newest first")
-    listing.add_argument("--task", help="only this task (a full name, e.g. email.send.v1)")
-    listing.add_argument("--category", choices=[str(c) for c in Category])
-    listing.add_argument(
-        "--since",
-        type=_argtype(fmt.parse_since),
-        metavar="WHEN",
-        help="last failure at or after WHEN: an ISO date/datetime (UTC unless it says) "
-        "or a duration meaning that long ago (30m, 2h, 7d)",
-    )
-    listing.add_argument("--limit", type=_argtype(_positive_int), default=50)
-    listing.add_argument("--json", action="store_true", help="print JSON")
-
-    show = dlq_commands.add_parser("show", help="one dead letter in full")
-    show.add_argument("id")
-    show.add_argument("--json", action="store_true", help="print JSON")
-
-    replay = dlq_commands.add_parser(
-        "replay", help="publish dead letters again (same payload, key and correlation id)"
-    )
-    replay.add_argument("ids", nargs="*", metavar="ID", help="dead letter ids")
-    replay.add_argument(
-        "--all", action="store_true", help="every dead letter of --task not replayed yet"
-    )
-    replay.add_argument("--task", help="with --all: the task whose dead letters to replay")
-    replay.add_argument("--reason", required=True, help="why (kept in the audit trail)")
-    replay.add_argument(
-        "--force",
-        action="store_true",
-        help="replay a replayable=False task or an already replayed record",
-    )
-    replay.add_argument(
-        "--actor",
-        default=os.environ.get("USER") or "cli",
-        help="who replays (default: $USER, else 'cli')",
-    )
-    replay.add_argument("--json", action="store_true", help="print JSON")
-    replay.set_defaults(usage_error=replay.error)
-
-    purge = dlq_commands.add_parser("purge", help="delete old dead letters")
-    purge.add_argument(
-        "--older-than",
-        required=True,
-        type=_argtype(fmt.parse_duration),
-        metavar="DURATION",
-        help="last failure longer ago than this (e.g. 30d)",
-    )
-
-    trace = commands.add_parser("trace", help="every job and event of one correlation id")
-    trace.add_argument("correlation_id", metavar="CORRELATION_ID")
-    trace.add_argument("--json", action="store_true", help="print JSON")
-
-    retention = commands.add_parser("retention", help="purge old dead letters and audit")
-    retention.add_argument(
-        "--dead-letters",
-        type=_argtype(fmt.parse_duration),
-        default=DEAD_LETTER_RETENTION,
-        metavar="DURATION",
-        help=f"keep dead letters this long (default {DEAD_LETTER_RETENTION.days}d)",
-    )
-    retention.add_argument(
-        "--audit",
-        type=_argtype(fmt.parse_duration),
-        default=AUDIT_RETENTION,
-        metavar="DURATION",
-        help=f"keep audit events this long (default {AUDIT_RETENTION.days}d)",
-    )
-    cli_observe.add_commands(commands)
-    cli_lifecycle.add_parsers(commands)
-    cli_outbox.add_parser(commands)
-    cli_schedule.add_parser(commands)
-    cli_keys.add_parser(commands)
-    return parser
-
-
-def load_app(spec: str) -> App:
-    """Import ``MODULE`` (attribute ``app``) or ``MODULE:ATTR`` and check it is an App."""
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like ``celery -A``: the project's own modules
+def version() -> str:
+    """The installed distribution's version, else the package's ``__version__``."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import the app module {module_name!r}: {exc}") from exc
-    app = getattr(module, attr or "app", None)
-    if not isinstance(app, App):
-        raise UsageError(
-            f"{module_name}:{attr or 'app'} is not a conventions.App (got {type(app).__name__}): "
-            "pass -A MODULE or -A MODULE:ATTR naming the project's app"
-        )
-    return app
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import conventions
+
+        return str(getattr(conventions, "__version__", "unknown"))
+
+
+def _print_version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"conventions {version()}")
+        ctx.exit()
+
+
+@click.group(
+    "conventions",
+    cls=base.Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit status: 0 done, 1 refused or not found, 2 usage error, 3 a backend did "
+    "not answer within --timeout. See docs/reference/cli.md.",
+)
+@click.option(
+    "-A",
+    "--app",
+    envvar=base.APP_ENV,
+    metavar="MODULE[:ATTR]",
+    help="the app: MODULE (its attribute 'app') or MODULE:ATTR (default: $CONVENTIONS_APP; "
+    "inside celery, celery -A's app)",
+)
+@click.option(
+    "--timeout",
+    type=base.positive(float),
+    default=backends.DEFAULT_TIMEOUT,
+    show_default=True,
+    envvar="CONVENTIONS_TIMEOUT",
+    metavar="SECONDS",
+    help="longest wait for each connection and reply (broker, store, result backend, "
+    "database); past it the command exits 3",
+)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="print the version and exit",
+)
+@click.pass_context
+def cli(ctx: click.Context, /, app: str | None, timeout: float, **_: Any) -> None:
+    """Triage and replay dead letters, trace jobs, check the setup, purge old records."""
+    source = ctx.get_parameter_source("app")
+    celery = getattr(ctx.obj, "app", None)  # celery's CLIContext, when run as its plugin
+    ctx.meta["conventions.options"] = base.Options(
+        app=app,
+        explicit=source is click.core.ParameterSource.COMMANDLINE,
+        timeout=timeout,
+        celery_app=celery,
+    )
+
+
+for _command in (
+    *cli_dlq.COMMANDS,
+    *cli_observe.COMMANDS,
+    *cli_lifecycle.COMMANDS,
+    *cli_outbox.COMMANDS,
+    *cli_schedule.COMMANDS,
+    *cli_keys.COMMANDS,
+):
+    cli.add_command(_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "dlq" and args.dlq_command == "replay":
-        if args.all != bool(args.task) or args.all == bool(args.ids):
-            args.usage_error("takes IDs, or --all --task T (not both; --task goes with --all)")
-        if not args.reason.strip():
-            args.usage_error("--reason must not be empty")
-    cli_keys.check(args)
+    """The ``conventions`` console script: run ``argv`` (default: ``sys.argv[1:]``) and
+    return the exit status instead of exiting (``sys.exit(main())``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app = load_app(args.app)
-        sub = (
-            getattr(args, "dlq_command", None)
-            or getattr(args, "outbox_command", None)
-            or getattr(args, "schedule_command", None)
-            or getattr(args, "keys_command", None)
-        )
-        command = COMMANDS[(args.command, sub)]
-        return command(app, args, sys.stdout, sys.stderr)
-    except UsageError as exc:
-        print(f"conventions: error: {exc}", file=sys.stderr)
-        return 2
-    except ConfigurationError as exc:
-        print(f"conventions: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _print_json(data: Any, out: TextIO) -> None:
-    print(json.dumps(data, indent=2, default=str), file=out)
-
-
-def _dlq_list(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    category = Category(args.category) if args.category else None
-    records = app.store.list_dead_letters(
-        task=args.task, category=category, since=args.since, limit=args.limit
-    )
-    if args.json:
-        _print_json([r.to_dict() for r in records], out)
-    elif records:
-        print(fmt.dead_letter_table(records), file=out)
-    else:
-        print("no dead letters", file=err)
-    return 0
-
-
-def _dlq_show(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    record = app.store.get_dead_letter(args.id)
-    if record is None:
-        print(f"conventions: no dead letter with id {args.id!r}", file=err)
-        return 1
-    if args.json:
-        _print_json(record.to_dict(), out)
-    else:
-        print(fmt.dead_letter_detail(record), file=out)
-    return 0
-
-
-def _dlq_replay(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if args.all:
-        outcomes = replaylib.replay_many(
-            app, task=args.task, reason=args.reason, actor=args.actor, force=args.force
-        )
-        if not outcomes:
-            print(f"no dead letters of {args.task} waiting for a replay", file=err)
-    else:
-        outcomes = []
-        for record_id in args.ids:
-            try:
-                result = replaylib.replay(
-                    app, record_id, reason=args.reason, actor=args.actor, force=args.force
-                )
-            except (PermissionError, LookupError, ValueError) as exc:
-                outcomes.append(replaylib.ReplayOutcome(record_id, error=str(exc)))
-            else:
-                outcomes.append(replaylib.ReplayOutcome(record_id, result=result))
-    report = [fmt.replay_report(outcome) for outcome in outcomes]
-    if args.json:
-        _print_json(report, out)
-    for item in report:
-        if item["status"] == "replayed":
-            if not args.json:
-                print(f"replayed {item['dead_letter_id']} as job {item['task_id']}", file=out)
-        else:
-            print(
-                f"conventions: {item['status']} {item['dead_letter_id']}: {item['error']}", file=err
-            )
-    return 0 if all(item["status"] == "replayed" for item in report) else 1
-
-
-def _dlq_purge(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    before = datetime.now(UTC) - args.older_than
-    count = app.store.purge_dead_letters(before)
-    print(f"deleted {count} dead letters last failed before {fmt.when(before)}", file=out)
-    return 0
-
-
-def _trace(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    roots = fmt.build_trace(app.store.audit_for(args.correlation_id))
-    if args.json:
-        _print_json(
-            {"correlation_id": args.correlation_id, "jobs": [job.to_dict() for job in roots]}, out
-        )
-    else:
-        print(fmt.trace_text(args.correlation_id, roots), file=out if roots else err)
-    return 0 if roots else 1
-
-
-def _retention(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    now = datetime.now(UTC)
-    dead_letters: timedelta = args.dead_letters
-    audit: timedelta = args.audit
-    count = app.store.purge_dead_letters(now - dead_letters)
-    print(
-        f"deleted {count} dead letters last failed before {fmt.when(now - dead_letters)}", file=out
-    )
-    count = app.store.purge_audit(now - audit)
-    print(
-        f"deleted {count} audit events of trails idle since before {fmt.when(now - audit)}",
-        file=out,
-    )
-    for table, count in purge_expired(app.store).items():
-        print(f"deleted {count} expired {table} rows", file=out)
-    return 0
-
-
-Command = Callable[[App, argparse.Namespace, TextIO, TextIO], int]
-COMMANDS: dict[tuple[str, str | None], Command] = {
-    ("dlq", "list"): _dlq_list,
-    ("dlq", "show"): _dlq_show,
-    ("dlq", "replay"): _dlq_replay,
-    ("dlq", "purge"): _dlq_purge,
-    ("trace", None): _trace,
-    ("retention", None): _retention,
-    ("metrics", None): cli_observe.metrics_command,
-    ("queues", None): cli_observe.queues_command,
-    ("doctor", None): cli_lifecycle.run_doctor,
-    ("status", None): cli_lifecycle.run_status,
-    **cli_outbox.COMMANDS,
-    **cli_keys.COMMANDS,
-    **cli_schedule.COMMANDS,
-}
+        result = cli.main(args, prog_name="conventions", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("conventions: aborted", err=True)
+        return 130
+    return result if isinstance(result, int) else 0

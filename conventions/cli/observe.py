@@ -6,74 +6,96 @@
 
 ``queues`` prints one row per queue: depth, the oldest waiting job's age, its SLO, the
 workers consuming it, and (from the second frame of ``--watch`` on) the rates of jobs
-published into it and finished out of it, from the store's counters.
+published into it and finished out of it, from the store's counters. It reads the
+broker's Redis with the group's ``--timeout`` and exits 3 when it does not answer.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
-from typing import Any, TextIO
+from typing import Any
 
-from conventions.observability import exporter as metrics
+import click
+import redis
+
+from conventions.cli import backends
+from conventions.cli.base import REFUSED, Failure, Group, command, options_of
 from conventions.observability import queues
+from conventions.ops import exporter as metrics
 from conventions.store import counts
 
 #: the events that take a job out of its queue's work for good (the "out" rate)
 FINISHED = ("succeeded", "skipped", "skipped_duplicate", "dead_lettered")
 
 
-def add_commands(commands: Any) -> None:
-    """Add ``metrics`` and ``queues`` to the ``conventions`` subcommands."""
-    parser = commands.add_parser("metrics", help="the Prometheus exporter")
-    actions = parser.add_subparsers(dest="metrics_command", required=True, metavar="ACTION")
-    serve = actions.add_parser("serve", help="serve /metrics for Prometheus")
-    serve.add_argument("--port", type=int, default=metrics.DEFAULT_PORT)
-    serve.add_argument(
-        "--addr",
-        help="address to listen on (default: conventions_metrics_addr, else 127.0.0.1; "
-        "/metrics has no auth, so 0.0.0.0 only behind a network you trust)",
-    )
-    serve.add_argument(
-        "--consumers-every",
-        type=float,
-        default=15.0,
-        metavar="SECONDS",
-        help="how often to ask the workers which queues they consume (default 15)",
-    )
-    serve.add_argument(
-        "--outbox-lag",
-        metavar="MODULE:FUNC",
-        help="FUNC(app) returns the outbox lag in seconds (default: "
-        "conventions.transactional.outbox.lag when it exists)",
-    )
-    view = commands.add_parser("queues", help="depth, oldest job, consumers and rates")
-    view.add_argument("--json", action="store_true", help="print JSON (one line per frame)")
-    view.add_argument("--watch", action="store_true", help="redraw every --interval")
-    view.add_argument("--interval", type=float, default=2.0, metavar="SECONDS")
-    view.add_argument("--count", type=int, default=0, metavar="N", help="stop after N frames")
+@click.group("metrics", cls=Group)
+def metrics_group() -> None:
+    """The Prometheus exporter."""
 
 
-def metrics_command(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    lag = (
-        metrics.load_callable(args.outbox_lag, app)
-        if args.outbox_lag
-        else metrics.default_outbox_lag(app)
-    )
-    addr = metrics.bind_address(app, args.addr)
-    print(f"serving metrics on http://{addr}:{args.port}/metrics", file=err, flush=True)
-    metrics.serve(app, args.port, addr, consumers_every=args.consumers_every, outbox_lag=lag)
+@command("serve")
+@click.option("--port", type=int, default=metrics.DEFAULT_PORT, show_default=True)
+@click.option(
+    "--addr",
+    help="address to listen on (default: conventions_metrics_addr, else 127.0.0.1; "
+    "/metrics has no auth, so 0.0.0.0 only behind a network you trust)",
+)
+@click.option(
+    "--consumers-every",
+    type=float,
+    default=15.0,
+    metavar="SECONDS",
+    help="how often to ask the workers which queues they consume (default 15)",
+)
+@click.option(
+    "--outbox-lag",
+    metavar="MODULE:FUNC",
+    help="FUNC(app) returns the outbox lag in seconds (default: "
+    "conventions.transactional.outbox.lag when it exists)",
+)
+def metrics_command(
+    app: Any, port: int, addr: str | None, consumers_every: float, outbox_lag: str | None
+) -> int:
+    """Serve /metrics for Prometheus (until stopped)."""
+    lag = metrics.load_callable(outbox_lag, app) if outbox_lag else metrics.default_outbox_lag(app)
+    bind = metrics.bind_address(app, addr)
+    print(f"serving metrics on http://{bind}:{port}/metrics", file=sys.stderr, flush=True)
+    metrics.serve(app, port, bind, consumers_every=consumers_every, outbox_lag=lag)
     return 0
 
 
-def queues_command(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    reader = queues.from_app(app)
+metrics_group.add_command(metrics_command)
+
+
+def _broker_client(app: Any, timeout: float) -> redis.Redis | None:
+    """A client of the broker's Redis with the command's timeouts (None: not Redis, and
+    ``queues.from_app`` says so)."""
+    url = str(app.conf.broker_url or "").split(";")[0]
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return redis.Redis.from_url(backends.with_timeouts(url, timeout))
+
+
+@command("queues")
+@click.option("--json", "as_json", is_flag=True, help="print JSON (one line per frame)")
+@click.option("--watch", is_flag=True, help="redraw every --interval")
+@click.option("--interval", type=float, default=2.0, metavar="SECONDS", show_default=True)
+@click.option("--count", type=int, default=0, metavar="N", help="stop after N frames")
+def queues_command(app: Any, as_json: bool, watch: bool, interval: float, count: int) -> int:
+    """Depth, oldest job, consumers and rates of every queue."""
+    client = _broker_client(app, options_of(click.get_current_context()).timeout)
+    try:
+        reader = queues.from_app(app, client=client)
+    except ValueError as exc:
+        raise Failure(str(exc), REFUSED) from exc
     task_queues = metrics.queue_of_tasks(app)
     slos = metrics.slos(app, reader.queues)
-    frames = args.count if args.count > 0 else (0 if args.watch else 1)
+    frames = count if count > 0 else (0 if watch else 1)
     previous: tuple[float, dict[str, tuple[int, int]]] | None = None
     shown = 0
+    out = sys.stdout
     try:
         while True:
             states = reader.read(queues.consumers(app, timeout=1.0))
@@ -81,21 +103,23 @@ def queues_command(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO)
             rates = _rates(previous, (now, flows))
             previous = (now, flows)
             rows = [_row(state, slos, rates) for state in states]
-            if args.json:
+            if as_json:
                 print(json.dumps(rows), file=out)
             else:
-                if args.watch and out.isatty():
+                if watch and out.isatty():
                     print("\x1b[H\x1b[2J", end="", file=out)
                 print(table(rows), file=out)
             out.flush()
             shown += 1
             if frames and shown >= frames:
                 return 0
-            time.sleep(args.interval)
+            time.sleep(interval)
     except KeyboardInterrupt:
         return 0
     finally:
         reader.close()
+        if client is not None:
+            client.close()
 
 
 def _flows(
@@ -175,3 +199,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                   enumerate(zip(line, widths, strict=True))).rstrip()
         for line in lines
     )  # fmt: skip
+
+
+#: the commands this module adds to ``conventions``
+COMMANDS = (metrics_group, queues_command)

@@ -7,7 +7,8 @@
     conventions outbox dead [--url URL] [--json] [--limit N]
     conventions outbox init [--url URL]
 
-The database is ``--url``, else the app's ``conventions_outbox_url`` setting.
+The database is ``--url``, else the app's ``conventions_outbox_url`` setting; it is
+connected with the group's ``--timeout`` (exit 3 when it does not answer).
 ``relay --once`` publishes what is due and exits: 0 when every due row was published,
 1 when the broker was unreachable or a row failed (the rows stay, nothing is lost).
 Without ``--once`` the relay runs until SIGTERM or SIGINT, finishing its batch first.
@@ -15,112 +16,57 @@ Without ``--once`` the relay runs until SIGTERM or SIGINT, finishing its batch f
 (a health check: the relay is down, or the broker has been unreachable for that long).
 ``dead`` lists the rows dead-lettered after their attempts ran out (their dead letters
 are in ``conventions dlq list``).
+
+SQLAlchemy (the ``[sql]`` extra) is imported when a command runs, not with the CLI.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import signal
+import sys
 import threading
-from collections.abc import Callable
-from typing import Any, TextIO
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
+import click
 
 from conventions.app import App
+from conventions.cli import backends
 from conventions.cli import format as fmt
+from conventions.cli.base import REFUSED, Group, Parsed, command, json_option, positive
+from conventions.cli.base import print_json as _print_json
 from conventions.config import settings
 from conventions.errors import ConfigurationError
 from conventions.store import resolve_url
-from conventions.store.sql import make_engine
-from conventions.tracing import logs
-from conventions.transactional import outbox
-from conventions.transactional import relay as relaylib
+from conventions.transactional import (
+    DEFAULT_BATCH,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BACKOFF,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_RETENTION,
+)
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+DEFAULT_RETENTION_DAYS = DEFAULT_RETENTION.days
+URL_HELP = "the outbox's database (default: the app's conventions_outbox_url)"
 
 
-def _number(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            value = parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-        return value
-
-    convert.__name__ = parse.__name__
-    return convert
+def _url_option(fun: Any) -> Any:
+    return click.option("--url", help=URL_HELP)(fun)
 
 
-def _duration(text: str) -> Any:
-    try:
-        return fmt.parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def outbox_url(app: App, url: str | None = None, **_: Any) -> dict[str, str]:
+    """The outbox's database, by name, for the unreachable message."""
+    found = url or app.conf.get("conventions_outbox_url")
+    return {"the outbox database": str(found)} if found else {}
 
 
-def add_parser(commands: Any) -> None:
-    """Add ``outbox relay|status|init`` to the ``conventions`` command."""
-    parser = commands.add_parser("outbox", help="the transactional outbox: relay, status")
-    actions = parser.add_subparsers(dest="outbox_command", required=True, metavar="ACTION")
-    url_help = "the outbox's database (default: the app's conventions_outbox_url)"
-
-    run = actions.add_parser("relay", help="publish committed outbox rows (long-running)")
-    run.add_argument("--url", help=url_help)
-    run.add_argument("--once", action="store_true", help="publish what is due, then exit")
-    run.add_argument("--batch", type=_number(int), default=relaylib.DEFAULT_BATCH)
-    run.add_argument(
-        "--poll",
-        type=_number(float),
-        default=relaylib.DEFAULT_POLL_INTERVAL,
-        metavar="SECONDS",
-        help="wait between two looks at an empty outbox",
-    )
-    run.add_argument(
-        "--max-backoff",
-        type=_number(float),
-        default=relaylib.DEFAULT_MAX_BACKOFF,
-        metavar="SECONDS",
-        help="longest wait while the broker is unreachable",
-    )
-    run.add_argument(
-        "--retention",
-        type=_duration,
-        default=relaylib.DEFAULT_RETENTION,
-        metavar="DURATION",
-        help=f"keep published rows this long (default {relaylib.DEFAULT_RETENTION.days}d)",
-    )
-    run.add_argument(
-        "--max-attempts",
-        type=_number(int),
-        metavar="N",
-        help="dead-letter a row failing for its own reason after N attempts (default: "
-        f"conventions_outbox_max_attempts, else {relaylib.DEFAULT_MAX_ATTEMPTS})",
-    )
-
-    show = actions.add_parser("status", help="pending rows, failures and the outbox lag")
-    show.add_argument("--url", help=url_help)
-    show.add_argument("--json", action="store_true", help="print JSON")
-    show.add_argument(
-        "--max-lag",
-        type=_number(float),
-        metavar="SECONDS",
-        help="exit 1 when the oldest unpublished row is older than this",
-    )
-
-    dead = actions.add_parser("dead", help="rows dead-lettered after their attempts")
-    dead.add_argument("--url", help=url_help)
-    dead.add_argument("--json", action="store_true", help="print JSON")
-    dead.add_argument("--limit", type=_number(int), default=100, metavar="N")
-
-    init = actions.add_parser("init", help="create the outbox table (idempotent)")
-    init.add_argument("--url", help=url_help)
-
-
-def engine_for(app: App, url: str | None) -> sa.Engine:
-    """The engine of the outbox's database: ``url``, else ``conventions_outbox_url``."""
+def engine_for(app: App, url: str | None, timeout: float | None = None) -> sa.Engine:
+    """The engine of the outbox's database: ``url``, else ``conventions_outbox_url``;
+    with ``timeout``, its connections give up after that many seconds."""
     url = url or app.conf.get("conventions_outbox_url")
     if not url:
         raise ConfigurationError(
@@ -135,19 +81,76 @@ def engine_for(app: App, url: str | None) -> sa.Engine:
         raise ConfigurationError(
             f"the outbox lives in a SQL database, not {settings.mask_url(str(url))!r}"
         )
-    return make_engine(resolved)
+    from conventions.store.sql import make_engine
+
+    return make_engine(backends.with_timeouts(resolved, timeout) if timeout else resolved)
 
 
-def _relay(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def _timeout() -> float:
+    from conventions.cli.base import options_of
+
+    return options_of(click.get_current_context()).timeout
+
+
+@click.group("outbox", cls=Group)
+def outbox_group() -> None:
+    """The transactional outbox: relay, status, dead rows, init."""
+
+
+@command("relay", extra_urls=outbox_url)
+@_url_option
+@click.option("--once", is_flag=True, help="publish what is due, then exit")
+@click.option("--batch", type=positive(int), default=DEFAULT_BATCH, show_default=True)
+@click.option(
+    "--poll",
+    type=positive(float),
+    default=DEFAULT_POLL_INTERVAL,
+    metavar="SECONDS",
+    help="wait between two looks at an empty outbox",
+)
+@click.option(
+    "--max-backoff",
+    type=positive(float),
+    default=DEFAULT_MAX_BACKOFF,
+    metavar="SECONDS",
+    help="longest wait while the broker is unreachable",
+)
+@click.option(
+    "--retention",
+    type=Parsed(fmt.parse_duration, "DURATION"),
+    default=f"{DEFAULT_RETENTION_DAYS}d",
+    metavar="DURATION",
+    help=f"keep published rows this long (default {DEFAULT_RETENTION_DAYS}d)",
+)
+@click.option(
+    "--max-attempts",
+    type=positive(int),
+    metavar="N",
+    help="dead-letter a row failing for its own reason after N attempts (default: "
+    f"conventions_outbox_max_attempts, else {DEFAULT_MAX_ATTEMPTS})",
+)
+def relay_command(
+    app: App,
+    *,
+    url: str | None,
+    once: bool,
+    batch: int,
+    poll: float,
+    max_backoff: float,
+    retention: timedelta,
+    max_attempts: int | None,
+) -> int:
+    """Publish committed outbox rows (long-running; --once: what is due, then exit)."""
+    from conventions.tracing import logs
+    from conventions.transactional import relay as relaylib
+
     handler = logging.StreamHandler()  # stderr, in the workers' format (text or JSON)
     handler.setFormatter(logs.formatter(str(app.conf.get("conventions_log_format") or "text")))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
-    engine = engine_for(app, args.url)
-    relay = relaylib.Relay(
-        app, engine, batch=args.batch, retention=args.retention, max_attempts=args.max_attempts
-    )
+    engine = engine_for(app, url, _timeout())
+    relay = relaylib.Relay(app, engine, batch=batch, retention=retention, max_attempts=max_attempts)
     try:
-        if args.once:
+        if once:
             result = relay.drain()
             relay.release()
             locked = " (another relay holds the lease)" if result.locked_out else ""
@@ -155,49 +158,66 @@ def _relay(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(
                 f"published {result.published} ({result.deduplicated} deduplicated), "
                 f"failed {result.failed}{dead}{locked}",
-                file=out,
             )
             if result.unavailable:
-                print(f"conventions: broker unavailable: {result.unavailable}", file=err)
-            return 1 if result.unavailable or result.failed else 0
+                print(f"conventions: broker unavailable: {result.unavailable}", file=sys.stderr)
+            return REFUSED if result.unavailable or result.failed else 0
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        print(f"relay {relay.owner} publishing from {engine.url!r}", file=out, flush=True)
-        relay.run(stop, poll_interval=args.poll, max_backoff=args.max_backoff)
+        print(f"relay {relay.owner} publishing from {engine.url!r}", flush=True)
+        relay.run(stop, poll_interval=poll, max_backoff=max_backoff)
         return 0
     finally:
         engine.dispose()
 
 
-def _status(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    engine = engine_for(app, args.url)
+@command("status", extra_urls=outbox_url)
+@_url_option
+@json_option
+@click.option(
+    "--max-lag",
+    type=positive(float),
+    metavar="SECONDS",
+    help="exit 1 when the oldest unpublished row is older than this",
+)
+def status_command(app: App, url: str | None, as_json: bool, max_lag: float | None) -> int:
+    """Pending rows, failures and the outbox lag."""
+    from conventions.transactional import outbox
+
+    engine = engine_for(app, url, _timeout())
     try:
         outbox.create_table(engine)
         state = outbox.status(engine)
     finally:
         engine.dispose()
-    if args.json:
-        print(json.dumps(state.to_dict(), indent=2), file=out)
+    if as_json:
+        _print_json(state.to_dict())
     else:
         print(
             f"pending {state.pending} (failing {state.failing}), published kept "
-            f"{state.published}, lag {state.lag:.1f}s, dead {state.dead}",
-            file=out,
+            f"{state.published}, lag {state.lag:.1f}s, dead {state.dead}"
         )
         if state.last_error:
-            print(f"last error: {state.last_error}", file=out)
-    if args.max_lag is not None and state.lag > args.max_lag:
-        print(f"conventions: outbox lag {state.lag:.0f}s is above {args.max_lag:.0f}s", file=err)
-        return 1
+            print(f"last error: {state.last_error}")
+    if max_lag is not None and state.lag > max_lag:
+        print(f"conventions: outbox lag {state.lag:.0f}s is above {max_lag:.0f}s", file=sys.stderr)
+        return REFUSED
     return 0
 
 
-def _dead(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    engine = engine_for(app, args.url)
+@command("dead", extra_urls=outbox_url)
+@_url_option
+@json_option
+@click.option("--limit", type=positive(int), default=100, metavar="N", show_default=True)
+def dead_command(app: App, url: str | None, as_json: bool, limit: int) -> int:
+    """Rows dead-lettered after their attempts ran out."""
+    from conventions.transactional import outbox
+
+    engine = engine_for(app, url, _timeout())
     try:
         outbox.create_table(engine)
-        rows = outbox.dead_rows(engine, args.limit)
+        rows = outbox.dead_rows(engine, limit)
     finally:
         engine.dispose()
     shown = [
@@ -209,33 +229,34 @@ def _dead(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         }
         for row in rows
     ]  # fmt: skip
-    if args.json:
-        print(json.dumps(shown, indent=2), file=out)
+    if as_json:
+        _print_json(shown)
         return 0
     for row in shown:
         print(
             f"{row['failed_at']}  {row['task']}[{row['task_id']}] {row['idempotency_key']}  "
-            f"after {row['attempts']} attempts: {row['last_error']}",
-            file=out,
+            f"after {row['attempts']} attempts: {row['last_error']}"
         )
-    print(f"{len(shown)} dead-lettered rows (their dead letters: conventions dlq list)", file=out)
+    print(f"{len(shown)} dead-lettered rows (their dead letters: conventions dlq list)")
     return 0
 
 
-def _init(app: App, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    engine = engine_for(app, args.url)
+@command("init", extra_urls=outbox_url)
+@_url_option
+def init_command(app: App, url: str | None) -> int:
+    """Create the outbox table (idempotent)."""
+    from conventions.transactional import outbox
+
+    engine = engine_for(app, url, _timeout())
     try:
         outbox.create_table(engine)
     finally:
         engine.dispose()
-    print(f"outbox table {outbox.TABLE} ready", file=out)
+    print(f"outbox table {outbox.TABLE} ready")
     return 0
 
 
-Command = Callable[[App, argparse.Namespace, TextIO, TextIO], int]
-COMMANDS: dict[tuple[str, str | None], Command] = {
-    ("outbox", "relay"): _relay,
-    ("outbox", "status"): _status,
-    ("outbox", "dead"): _dead,
-    ("outbox", "init"): _init,
-}
+for _command in (relay_command, status_command, dead_command, init_command):
+    outbox_group.add_command(_command)
+#: the commands this module adds to ``conventions``
+COMMANDS = (outbox_group,)

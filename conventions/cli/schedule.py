@@ -1,6 +1,6 @@
 """``conventions schedule``: list the entries, trigger an occurrence, run the watchdog.
 
-    conventions schedule list
+    conventions schedule list [--json]
     conventions schedule trigger NAME [--at WHEN]
     conventions schedule check
 
@@ -11,31 +11,22 @@ the watchdog once (from a system cron it also watches a beat that is down).
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
+import sys
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any, TextIO
+from typing import Any
 from zoneinfo import ZoneInfo
 
+import click
+
+from conventions.cli.base import REFUSED, Failure, Group, command, json_option, print_json
 from conventions.schedules import beat as scheduler
 from conventions.schedules import entries as schedules
 from conventions.schedules import overlap, watchdog
 
 
-def add_parser(commands: Any) -> None:
-    """Add the ``schedule`` command to the CLI's subparsers."""
-    schedule = commands.add_parser("schedule", help="schedule entries: list, trigger, check")
-    actions = schedule.add_subparsers(dest="schedule_command", required=True, metavar="ACTION")
-    actions.add_parser("list", help="entries, their next occurrence and last success")
-    trigger = actions.add_parser("trigger", help="send one occurrence now, as beat would")
-    trigger.add_argument("name", metavar="NAME", help="the entry's name")
-    trigger.add_argument(
-        "--at",
-        metavar="WHEN",
-        help="the occurrence at or before WHEN: an ISO date (that day in the entry's "
-        "timezone) or datetime (UTC unless it says); default: now",
-    )
-    actions.add_parser("check", help="run the watchdog once; exit 1 when it raised alarms")
+@click.group("schedule", cls=Group)
+def schedule_group() -> None:
+    """Schedule entries: list, trigger, check."""
 
 
 def _when(text: str | None, zone: ZoneInfo) -> datetime | None:
@@ -50,40 +41,70 @@ def _when(text: str | None, zone: ZoneInfo) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _list(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+@command("list")
+@json_option
+def list_command(app: Any, as_json: bool) -> int:
+    """Entries, their next occurrence and last success."""
     schedules.use_clock(app.conf)
     current = schedules.now()
+    rows = []
     for entry in schedules.entries_of(app):
         upcoming = entry.occurrence(entry.schedule.next_after(current))
         success = overlap.last_success(app.store, entry.name) or {}
+        rows.append(
+            {
+                "name": entry.name,
+                "task": entry.task,
+                "schedule": repr(entry.schedule),
+                "overlap": entry.overlap,
+                "next": upcoming.label,
+                "last_success": success.get("occurrence"),
+            }
+        )
+    if as_json:
+        print_json(rows)
+    for row in [] if as_json else rows:
         print(
-            f"{entry.name:<20} {entry.task:<28} {entry.schedule!r} overlap={entry.overlap} "
-            f"next={upcoming.label} last_success={success.get('occurrence', 'never')}",
-            file=out,
+            f"{row['name']:<20} {row['task']:<28} {row['schedule']} overlap={row['overlap']} "
+            f"next={row['next']} last_success={row['last_success'] or 'never'}"
         )
     return 0
 
 
-def _trigger(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+@command("trigger")
+@click.argument("name", metavar="NAME")
+@click.option(
+    "--at",
+    metavar="WHEN",
+    help="the occurrence at or before WHEN: an ISO date (that day in the entry's "
+    "timezone) or datetime (UTC unless it says); default: now",
+)
+def trigger_command(app: Any, name: str, at: str | None) -> int:
+    """Send one occurrence now, as beat would."""
     schedules.use_clock(app.conf)
-    entry = schedules.find(app, args.name)
-    result = scheduler.trigger(app, args.name, _when(args.at, entry.schedule.zone))
+    entry = schedules.find(app, name)
+    try:
+        moment = _when(at, entry.schedule.zone)
+    except ValueError as exc:
+        raise Failure(f"--at {at!r}: {exc}", 2) from exc
+    result = scheduler.trigger(app, name, moment)
     if getattr(result, "deduplicated", False):
-        print(f"{args.name}: that occurrence was already sent as {result.id}", file=err)
-        return 1
-    print(f"{args.name}: sent as {result.id}", file=out)
+        print(f"{name}: that occurrence was already sent as {result.id}", file=sys.stderr)
+        return REFUSED
+    print(f"{name}: sent as {result.id}")
     return 0
 
 
-def _check(app: Any, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+@command("check")
+def check_command(app: Any) -> int:
+    """Run the watchdog once; exit 1 when it raised alarms."""
     alarms = watchdog.check(app)
     for alarm in alarms:
-        print(f"ALARM {alarm['schedule']} {alarm['occurrence']}: due {alarm['deadline']}", file=out)
-    return 1 if alarms else 0
+        print(f"ALARM {alarm['schedule']} {alarm['occurrence']}: due {alarm['deadline']}")
+    return REFUSED if alarms else 0
 
 
-COMMANDS: dict[tuple[str, str | None], Callable[..., int]] = {
-    ("schedule", "list"): _list,
-    ("schedule", "trigger"): _trigger,
-    ("schedule", "check"): _check,
-}
+for _command in (list_command, trigger_command, check_command):
+    schedule_group.add_command(_command)
+#: the commands this module adds to ``conventions``
+COMMANDS = (schedule_group,)

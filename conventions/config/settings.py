@@ -21,11 +21,19 @@ from typing import Any
 from celery.app.utils import Settings as CelerySettings
 from celery.app.utils import sanitize_url
 
-from conventions.capacity import backpressure, limits
-from conventions.capacity.backpressure import Bound
-from conventions.capacity.limits import Limit
-from conventions.ops.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
-from conventions.store.redis_records import AUDIT_MAX_EVENTS, AUDIT_MAX_TRAILS
+from conventions.config import profile
+from conventions.config.capacity import Bound, Limit, parse_bounds, parse_limits
+
+#: the most trails (correlation ids) kept; beyond it the ones idle longest are dropped
+AUDIT_MAX_TRAILS = 1_000_000
+#: the most events one trail keeps (its newest): a fan-out or a retry storm stays bounded
+AUDIT_MAX_EVENTS = 500
+#: dead letters are kept this long after their last failure
+DEAD_LETTER_RETENTION = timedelta(days=30)
+#: audit trails are kept this long after their last event
+AUDIT_RETENTION = timedelta(days=14)
+#: how often a worker purges (``conventions.ops.retention``)
+RETENTION_INTERVAL = timedelta(hours=6)
 
 #: seconds a ledger lease lasts before another execution may take the key over
 DEFAULT_LEASE = 30.0
@@ -75,6 +83,8 @@ class Settings:
     audit_max_trails: int = AUDIT_MAX_TRAILS
     #: the most events one audit trail keeps (its newest) on Redis; 0: no cap
     audit_max_events: int = AUDIT_MAX_EVENTS
+    #: seconds a publish (and each store call) may wait for the broker or the store
+    publish_timeout: float = profile.PUBLISH_TIMEOUT
     #: named dependency limits (``conventions_limits``), shared by every worker
     limits: dict[str, Limit] = field(default_factory=dict)
     #: per-queue bounds on depth or oldest age (``conventions_backpressure``); off if empty
@@ -123,17 +133,20 @@ def read(conf: Any) -> Settings:
         ),
         audit_max_trails=_count(conf, "conventions_audit_max_trails", AUDIT_MAX_TRAILS),
         audit_max_events=_count(conf, "conventions_audit_max_events", AUDIT_MAX_EVENTS),
-        limits=limits.parse(conf.get("conventions_limits")),
-        backpressure=backpressure.parse(conf.get("conventions_backpressure")),
+        publish_timeout=profile.publish_timeout(conf),
+        limits=parse_limits(conf.get("conventions_limits")),
+        backpressure=parse_bounds(conf.get("conventions_backpressure")),
     )
 
 
 def store_options(conf: Settings) -> dict[str, Any]:
-    """What a Redis store takes from the settings: the audit trail's lifetime and caps."""
+    """What a Redis store takes from the settings: the audit trail's lifetime and caps,
+    and the bound of every call (the profile's publish timeout)."""
     return {
         "audit_ttl": conf.audit_retention,
         "audit_max_trails": conf.audit_max_trails,
         "audit_max_events": conf.audit_max_events,
+        "socket_timeout": conf.publish_timeout,
     }
 
 

@@ -28,8 +28,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from typing import Any, Final
 
-import sentry_sdk
-
+from conventions.observability import alerts
 from conventions.tracing import context
 
 CORRELATION_HEADER: Final = "X-Correlation-ID"
@@ -58,8 +57,9 @@ def request_context(
         request_id=well_formed(request_id),
         actor_id=actor_id,
     ) as trace:
-        if sentry_sdk.get_client().is_active():
-            sentry_sdk.set_tag("correlation_id", trace.correlation_id)
+        sentry = alerts.active_sentry()  # never imports sentry_sdk itself
+        if sentry is not None:
+            sentry.set_tag("correlation_id", trace.correlation_id)
         yield trace
 
 

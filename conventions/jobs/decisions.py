@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from conventions.errors import (
+    BackendUnavailable,
     ConfigurationError,
     PayloadError,
     PermanentError,
@@ -379,6 +380,8 @@ DEFAULT_TABLE = DecisionTable(
         when(PermanentError, lambda exc: DeadLetterDecision(Category.PERMANENT, str(exc))),
         when(SkipJob, lambda exc: SkipDecision(str(exc))),
         when(PayloadError, lambda exc: DeadLetterDecision(Category.PERMANENT, str(exc))),
+        # the broker or the store did not answer a publish in time (a child job, a relay)
+        when(BackendUnavailable, lambda exc: RetryDecision(str(exc))),
         when(ValidationError, _validation, "pydantic ValidationError"),
         # -- builtin transport errors (socket.timeout is TimeoutError)
         when((TimeoutError, ConnectionError, RemoteDisconnected, IncompleteRead), _TRANSPORT),

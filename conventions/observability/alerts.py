@@ -10,7 +10,8 @@ One event, ours. Sentry's Celery integration would also report the exception a d
 letter re-raises (it skips only ``Retry``/``Ignore``/``Reject`` and a task's ``throws``),
 the logging integration would report our error line, and a poison pill ends in a
 ``Reject`` that nobody reports. So the layer reports, with its tags and for every
-category alike, and a global event processor (installed at import) drops the
+category alike, and a global event processor (installed by ``init_sentry``, or on first
+use when the application initialised Sentry itself: see ``active_sentry``) drops the
 duplicates: an event about an exception the layer already handled (marked by
 ``mark_handled``), and the error lines of ``conventions.worker.delivery`` and
 ``conventions.observability.alerts`` (they stay breadcrumbs). A retry raises Celery's ``Retry``,
@@ -28,15 +29,14 @@ logs carries a scrubbed copy of the exception.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
-import sentry_sdk
-from sentry_sdk.integrations.celery import CeleryIntegration
-from sentry_sdk.scope import add_global_event_processor
-
+from conventions.config import extras
 from conventions.tracing import scrubbing
 
 logger = logging.getLogger("conventions.observability.alerts")
@@ -54,7 +54,7 @@ def alert(message: str, *, exc: BaseException | None, tags: Mapping[str, str]) -
     event (``exc``, else ``message``) with ``tags``; ``version`` is derived from
     ``tags["task"]``. Never raises."""
     try:
-        if sentry_sdk.get_client().is_active():
+        if active_sentry() is not None:
             _capture(message, exc, with_version(tags))
     except Exception:
         logger.warning("could not send an alert to Sentry", exc_info=True)
@@ -63,7 +63,32 @@ def alert(message: str, *, exc: BaseException | None, tags: Mapping[str, str]) -
     logger.error("%s", message, exc_info=scrubbing.scrubbed(exc) if exc is not None else None)
 
 
+def active_sentry() -> ModuleType | None:
+    """``sentry_sdk`` when a Sentry client is active in this process, else None.
+
+    It never imports ``sentry_sdk`` (the ``sentry`` extra): no client can be active unless
+    something imported it. The first time it finds a client (the application's own
+    ``sentry_sdk.init`` as well as ``init_sentry``'s), it installs the layer's global
+    event processor, which drops the duplicates and scrubs every event.
+    """
+    sdk = extras.loaded("sentry_sdk")
+    if sdk is None or not sdk.get_client().is_active():
+        return None
+    _install_processor()
+    return sdk
+
+
+@functools.cache
+def _install_processor() -> None:
+    """Install the global event processor, once per process."""
+    from sentry_sdk.scope import add_global_event_processor
+
+    add_global_event_processor(_drop_duplicates)
+
+
 def _capture(message: str, exc: BaseException | None, tags: Mapping[str, str]) -> None:
+    import sentry_sdk
+
     with sentry_sdk.new_scope() as scope:
         for name, value in tags.items():
             scope.set_tag(name, value)
@@ -109,9 +134,6 @@ def _drop_duplicates(event: Any, hint: Any) -> Any:
     return scrubbing.scrub_event(event)
 
 
-add_global_event_processor(_drop_duplicates)
-
-
 def init_sentry(dsn: str | None, **options: Any) -> bool:
     """Initialise Sentry with the Celery integration when ``dsn`` is set; True when it did.
 
@@ -122,9 +144,17 @@ def init_sentry(dsn: str | None, **options: Any) -> bool:
     Frame locals are off unless ``include_local_variables=True`` is passed (they hold
     payloads, addresses, tokens). Every event is scrubbed before it is sent, then handed
     to the ``before_send`` passed in, if any.
+
+    It needs the ``sentry`` extra: with a ``dsn`` and without sentry-sdk, it raises
+    ``MissingExtra`` naming the extra.
     """
     if not dsn:
         return False
+    extras.require("sentry_sdk", "sentry", "Sentry reporting")
+    import sentry_sdk
+    from sentry_sdk.integrations.celery import CeleryIntegration
+
+    _install_processor()
     options.setdefault("include_local_variables", False)
     options["before_send"] = _scrubbing_before(options.get("before_send"))
     integrations = list(options.pop("integrations", ()))

@@ -6,6 +6,10 @@ error refuses to start the worker and a warning is logged. Live checks
 (``conventions.ops.doctor_live``) ask the running workers which queues they consume and
 the broker how long each queue is.
 
+The configuration is checked against the reliable profile's promises
+(:func:`conventions.config.profile.promises`, the list ``reliable()`` sets): one source
+of truth, each deviation reported with the key, the value found and the profile's.
+
 Every finding has a stable ``code``; ``conventions_doctor_levels`` in the app's
 configuration turns a code into ``"error"``, ``"warning"`` or ``"off"`` (a laptop's
 Redis without persistence, say: an error by default, since a restart loses every queued
@@ -23,10 +27,10 @@ from urllib.parse import urlsplit
 
 from celery.exceptions import QueueNotFound
 
+from conventions.config import profile
 from conventions.config import settings as settingslib
 from conventions.store.redis_records import AUDIT_BYTES_PER_JOB
 from conventions.tracing.scrubbing import scrub_text
-from conventions.transport.redis import INBOX_TRANSPORT
 
 logger = logging.getLogger("conventions.ops.doctor")
 
@@ -119,7 +123,8 @@ def errors(findings: Iterable[Finding]) -> list[Finding]:
 def _config_checks(conf: Any) -> Iterator[Finding]:
     accepted = set(conf.get("accept_content") or ()) | set(conf.get("result_accept_content") or ())
     serializers = {conf.get("task_serializer"), conf.get("result_serializer")}
-    if (accepted | serializers) & PICKLE:
+    pickled = bool((accepted | serializers) & PICKLE)
+    if pickled:
         yield Finding(
             ERROR, "pickle-accepted", "serializers",
             "pickle is accepted or used: anyone who can publish to the broker can run code "
@@ -134,39 +139,28 @@ def _config_checks(conf: Any) -> Iterator[Finding]:
             f"({visibility_timeout(conf):.0f}s): Redis delivers a longer-waiting ETA message "
             "twice; lower it or raise broker_transport_options['visibility_timeout']",
         )  # fmt: skip
-    yield from _redis_delivery_checks(conf)
-    if conf.get("task_create_missing_queues"):
-        yield Finding(
-            WARNING, "missing-queues-created", "task_create_missing_queues",
-            "a typo in a queue name creates a queue nobody consumes; set "
-            "task_create_missing_queues = False and declare task_queues",
-        )  # fmt: skip
+    # pickle is the error above: its serializer settings are not reported twice
+    yield from profile_findings(conf, skip=SERIALIZER_KEYS if pickled else ())
 
 
-def _redis_delivery_checks(conf: Any) -> Iterator[Finding]:
-    """The three ways a Redis broker loses a late-ack job that the chaos suite found."""
-    if urlsplit(str(conf.get("broker_url") or "")).scheme not in ("redis", "rediss"):
-        return
-    transport = conf.get("broker_transport")
-    if not (transport == INBOX_TRANSPORT or getattr(transport, "Channel", None) is not None):
+#: the settings the ``pickle-accepted`` check reads
+SERIALIZER_KEYS = ("task_serializer", "result_serializer", "accept_content",
+                   "result_accept_content")  # fmt: skip
+
+
+def profile_findings(conf: Any, skip: Iterable[str] = ()) -> Iterator[Finding]:
+    """One finding per promise of the reliable profile (:func:`conventions.config.profile.
+    promises`, the list ``reliable()`` sets) that ``conf`` does not keep: the key, the value
+    found and the profile's."""
+    skipped = set(skip)
+    for promise in profile.promises(conf):
+        found = promise.found(conf)
+        if promise.key in skipped or promise.kept_by(found):
+            continue
         yield Finding(
-            WARNING, "redis-fetch-unsafe", "broker_transport",
-            "kombu's Redis fetch (BRPOP, then a second command) loses the message a worker "
-            f"is fetching when it is killed; set broker_transport = '{INBOX_TRANSPORT}'",
-        )  # fmt: skip
-    cancel = "worker_cancel_long_running_tasks_on_connection_loss"
-    if conf.get(cancel):
-        yield Finding(
-            WARNING, "cancel-on-connection-loss", cancel,
-            "on Redis, a late-ack job cancelled when the connection drops is then acked: "
-            "its message is lost; set it to False (the ledger makes a second run harmless)",
-        )  # fmt: skip
-    if conf.get("result_backend") and not conf.get("result_backend_always_retry"):
-        yield Finding(
-            WARNING, "result-write-not-retried", "result_backend_always_retry",
-            "a result write (STARTED, or the final state) that fails on a lost connection "
-            "fails the job outside its body and Celery acks it; set "
-            "result_backend_always_retry = True",
+            promise.level, promise.code, promise.name,
+            f"{found!r}, the profile's value is {promise.value!r}: {promise.why}; set "
+            f"{promise.name} = {promise.value!r} (conventions.config.profile.reliable() does)",
         )  # fmt: skip
 
 

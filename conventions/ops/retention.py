@@ -25,21 +25,25 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from conventions.config.settings import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
 from conventions.store.base import Store
 from conventions.store.records import utcnow
-from conventions.store.sql import SQLStore
 
 if TYPE_CHECKING:
-    from conventions.app import App
+    from celery import Celery as App  # an App: its ``store`` and ``conventions_settings``
+
+__all__ = [
+    "AUDIT_RETENTION",
+    "DEAD_LETTER_RETENTION",
+    "RETENTION_INTERVAL",
+    "Purger",
+    "purge",
+    "purge_expired",
+    "start",
+    "stop",
+]
 
 logger = logging.getLogger("conventions.ops.retention")
-
-#: dead letters are kept this long after their last failure
-DEAD_LETTER_RETENTION = timedelta(days=30)
-#: audit trails are kept this long after their last event
-AUDIT_RETENTION = timedelta(days=14)
-#: how often a worker purges
-RETENTION_INTERVAL = timedelta(hours=6)
 
 
 def purge(store: Store, *, dead_letters: timedelta, audit: timedelta) -> tuple[int, int]:
@@ -52,7 +56,8 @@ def purge(store: Store, *, dead_letters: timedelta, audit: timedelta) -> tuple[i
 def purge_expired(store: Store) -> dict[str, int]:
     """Delete the SQL store's rows past their own expiry; how many, per table (nothing on
     Redis, which expires them by TTL)."""
-    return store.purge_expired() if isinstance(store, SQLStore) else {}
+    purge_rows = getattr(store, "purge_expired", None)  # the SQL store's only
+    return dict(purge_rows()) if purge_rows is not None else {}
 
 
 class Purger:

@@ -23,11 +23,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from conventions.capacity.leases import keeper
 from conventions.errors import SkipJob, TransientError
 from conventions.store.base import Store
 from conventions.store.records import utcnow
 from conventions.tracing import headers as hdr
-from conventions.worker.job_context import JobContext, keeper
+from conventions.worker.job_context import JobContext
 
 T = TypeVar("T")
 

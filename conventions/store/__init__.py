@@ -5,6 +5,9 @@
     open_store("redis://localhost:6379/0")                   # RedisStore
     open_store("postgresql://app@db/app")                    # SQLStore (psycopg 3)
     open_store("sqlite:////var/lib/app/conventions.db")      # SQLStore
+
+The SQL backend needs the ``sql`` extra (SQLAlchemy and psycopg): it is imported when a
+SQL URL is opened or ``SQLStore`` is first named, never by ``import conventions``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from typing import Any, Literal
 
 from conventions.store.base import Store
 from conventions.store.redis import RedisStore
-from conventions.store.sql import SQLStore
 
 __all__ = ["RedisStore", "SQLStore", "Store", "open_store", "resolve_url"]
 
@@ -54,4 +56,18 @@ def open_store(url: str, **redis_options: Any) -> Store:
     """The store for ``url``, chosen by its scheme (see :func:`resolve_url`);
     ``redis_options`` go to :class:`RedisStore` (the audit trail's ttl and caps)."""
     backend, resolved = resolve_url(url)
-    return RedisStore(resolved, **redis_options) if backend == "redis" else SQLStore(resolved)
+    if backend == "redis":
+        return RedisStore(resolved, **redis_options)
+    from conventions.store.sql import SQLStore  # MissingExtra without the 'sql' extra
+
+    store: Store = SQLStore(resolved)
+    return store
+
+
+def __getattr__(name: str) -> Any:
+    """``SQLStore``, imported when first named (it needs the ``sql`` extra)."""
+    if name == "SQLStore":
+        from conventions.store.sql import SQLStore
+
+        return SQLStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

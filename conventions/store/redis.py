@@ -21,11 +21,13 @@ from typing import Any, cast
 
 import redis
 
+from conventions.config.profile import PUBLISH_TIMEOUT
+from conventions.config.settings import AUDIT_MAX_EVENTS, AUDIT_MAX_TRAILS
 from conventions.store import keys
 from conventions.store.base import KeyState
 from conventions.store.records import AuditEvent, Claim, ClaimStatus, Holder, utcnow
 from conventions.store.redis_coordination import RedisCoordination, _ms
-from conventions.store.redis_records import AUDIT_MAX_EVENTS, AUDIT_MAX_TRAILS, RedisRecords
+from conventions.store.redis_records import RedisRecords
 from conventions.store.redis_results import ResultWrite, with_result
 from conventions.store.redis_scripts import (
     CLAIM,
@@ -38,6 +40,12 @@ from conventions.store.redis_scripts import (
     UNRESERVE_ONE,
 )
 
+#: seconds a store call made from a URL waits to connect, and then for each reply, before
+#: it raises (``redis.TimeoutError``; ``.delay()`` turns it into ``BackendUnavailable``):
+#: the profile's default publish timeout. ``?socket_timeout=`` /
+#: ``?socket_connect_timeout=`` in the URL override it. A refused connection raises at once.
+SOCKET_TIMEOUT = PUBLISH_TIMEOUT
+
 
 def database_of(client: redis.Redis) -> int:
     """The database number a redis-py client selects."""
@@ -49,7 +57,8 @@ class RedisStore(RedisRecords, RedisCoordination):
 
     Thread-safe: the client's connection pool hands each call its own connection. A
     client passed in is used as is (it must use ``decode_responses=True``) and is left
-    open by :meth:`close`; a client made from a URL is closed by it.
+    open by :meth:`close`; a client made from a URL is closed by it, and waits
+    ``socket_timeout`` seconds at most to connect and for each reply.
     """
 
     def __init__(
@@ -61,9 +70,15 @@ class RedisStore(RedisRecords, RedisCoordination):
         *,
         audit_max_trails: int = AUDIT_MAX_TRAILS,
         audit_max_events: int = AUDIT_MAX_EVENTS,
+        socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
         if isinstance(client_or_url, str):
-            self.client = redis.Redis.from_url(client_or_url, decode_responses=True)
+            self.client = redis.Redis.from_url(
+                client_or_url,
+                decode_responses=True,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_timeout,
+            )
             self._owns_client = True
         else:
             if not client_or_url.get_connection_kwargs().get("decode_responses"):

@@ -110,10 +110,6 @@ return {#ids, removed}
 #: how many records or correlation ids one purge script call handles (bounds the time
 #: Redis spends in one script)
 PURGE_BATCH = 500
-#: the most trails (correlation ids) kept; beyond it the ones idle longest are dropped
-AUDIT_MAX_TRAILS = 1_000_000
-#: the most events one trail keeps (its newest): a fan-out or a retry storm stays bounded
-AUDIT_MAX_EVENTS = 500
 #: what one job's trail (published, started, succeeded, ids of usual lengths) takes in
 #: Redis, its index entry and expiry included, rounded up: 771 bytes by ``MEMORY USAGE``
 #: and 846 to 874 by ``INFO memory`` over 10,000 jobs on Redis 7 (the full JSON form:

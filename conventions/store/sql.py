@@ -26,8 +26,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import event
+from conventions.config import extras
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy import event
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store.base import KeyState
 from conventions.store.records import (
@@ -58,7 +63,10 @@ def make_engine(url: str) -> sa.Engine:
 
     Use it too when passing an engine of your own to :class:`SQLStore` for SQLite.
     """
-    if sa.make_url(url).get_backend_name() != "sqlite":
+    parsed = sa.make_url(url)
+    if parsed.get_driver_name() == "psycopg":  # SQLAlchemy imports it in create_engine
+        extras.require("psycopg", "sql", "the SQL store on PostgreSQL")
+    if parsed.get_backend_name() != "sqlite":
         return sa.create_engine(url, pool_pre_ping=True)
     engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
 

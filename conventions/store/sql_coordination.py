@@ -13,8 +13,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from conventions.config import extras
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql, sqlite
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store import tokens
 from conventions.store.sql_tables import SQLTables

@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from conventions.config import extras
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql, sqlite
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store import counts
 from conventions.store.records import AuditEvent, Category, DeadLetter

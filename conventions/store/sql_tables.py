@@ -13,9 +13,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Dialect
+from conventions.config import extras
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql, sqlite
+    from sqlalchemy.engine import Dialect
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "the SQL store") from exc
 
 #: rows one purge statement deletes at most (bounds each transaction and its locks)
 EXPIRED_BATCH = 1000

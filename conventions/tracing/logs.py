@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -99,8 +99,17 @@ def current_fields() -> dict[str, Any]:
     return fields
 
 
+def fields_of(record: logging.LogRecord) -> Mapping[str, Any]:
+    """The story fields of ``record``: its own (the record factory set them), else those
+    of the context it is formatted in (a process that did not call :func:`install`)."""
+    return record.__dict__ if "correlation_id" in record.__dict__ else current_fields()
+
+
 def install() -> None:
-    """Wrap the log record factory once per process (idempotent)."""
+    """Wrap the log record factory once per process (idempotent), so that every record
+    carries the story fields as attributes (``%(correlation_id)s`` in any format). Never
+    at import: a worker or beat of an ``App`` calls it when it starts; a web process that
+    formats with its own format strings calls it once at start-up."""
     if _installed:
         return
     base = logging.getLogRecordFactory()
@@ -144,10 +153,11 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         if _scrubs(record):
             line = scrub_text(line)
+        fields = fields_of(record)
         parts = [
             f"{self.SHORT.get(name, name)}={value}"
             for name in ("correlation_id", "task", "task_id", "attempt", "idempotency_key")
-            if (value := getattr(record, name, None)) is not None
+            if (value := fields.get(name)) is not None
         ]
         if not parts:
             return line
@@ -167,8 +177,9 @@ class JSONFormatter(logging.Formatter):
             "process": record.processName,
             "message": scrub_text(record.getMessage()) if _scrubs(record) else record.getMessage(),
         }
+        fields = fields_of(record)
         for name in FIELDS:
-            value = getattr(record, name, None)
+            value = fields.get(name)
             if value is not None:
                 out[name] = value
         if record.exc_info and record.exc_info[0] is not None:

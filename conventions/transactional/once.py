@@ -15,10 +15,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Column, DateTime, MetaData, String, Table
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import Session
+from conventions.config import extras
+
+try:
+    from sqlalchemy import Column, DateTime, MetaData, String, Table
+    from sqlalchemy.dialects import postgresql, sqlite
+    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.orm import Session
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "once()") from exc
 
 metadata = MetaData()
 

@@ -36,9 +36,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import Session
+from conventions.config import extras
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql
+    from sqlalchemy.orm import Session
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "the outbox") from exc
 
 from conventions.errors import PayloadError
 from conventions.jobs import decisions

@@ -43,9 +43,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import sqlalchemy as sa
 from celery import states
-from sqlalchemy.dialects import sqlite
+
+from conventions.config import extras
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import sqlite
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "the outbox relay") from exc
 
 from conventions.app import App
 from conventions.errors import ConfigurationError
@@ -58,22 +64,19 @@ from conventions.store.sql import UTCDateTime
 from conventions.task import ConventionTask
 from conventions.tracing import headers as hdr
 from conventions.tracing import logs
+
+# the defaults live in the package (no SQLAlchemy there), re-exported here
+from conventions.transactional import DEFAULT_BATCH as DEFAULT_BATCH  # noqa: PLC0414
+from conventions.transactional import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS  # noqa: PLC0414
+from conventions.transactional import DEFAULT_MAX_BACKOFF as DEFAULT_MAX_BACKOFF  # noqa: PLC0414
+from conventions.transactional import DEFAULT_POLL_INTERVAL as DEFAULT_POLL_INTERVAL  # noqa: PLC0414
+from conventions.transactional import DEFAULT_RETENTION as DEFAULT_RETENTION  # noqa: PLC0414
 from conventions.transactional import outbox
 
 logger = logging.getLogger("conventions.transactional.relay")
 
-#: rows claimed per batch
-DEFAULT_BATCH = 100
-#: how long published rows are kept before they are purged
-DEFAULT_RETENTION = timedelta(days=7)
-#: seconds between two looks at an empty outbox
-DEFAULT_POLL_INTERVAL = 1.0
-#: the relay's wait while the broker is unreachable: doubles from 0.5 s up to the cap
-DEFAULT_MAX_BACKOFF = 30.0
 #: a row whose publish failed for its own reason waits this much (doubling) before the next try
 ROW_BACKOFF = Backoff(base=5.0, cap=600.0)
-#: publish attempts of a row failing for its own reason before it is dead-lettered
-DEFAULT_MAX_ATTEMPTS = 10
 #: a holder in these states will still run the key: a row deduplicated against it is done
 HOLDER_ALIVE = frozenset({states.RECEIVED, states.STARTED, states.RETRY})
 #: seconds between two purges of a long-running relay

@@ -28,12 +28,29 @@ then pushes, the two-step path inside the publish, so the reservation and the
 from __future__ import annotations
 
 import contextlib
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import redis
+from kombu.exceptions import OperationalError
+
+from conventions.config.profile import publish_timeout
+from conventions.errors import BackendUnavailable
 from conventions.store.records import AuditEvent
 from conventions.store.redis import RedisStore
+from conventions.tracing.scrubbing import scrub_text
 from conventions.transport import redis as broker
+
+#: what a broker, result backend or store that is down, or does not answer, raises
+#: through kombu, redis-py or the socket (Celery's result consumer raises a RuntimeError
+#: *from* one of these when it gives up reconnecting)
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    OperationalError, redis.ConnectionError, redis.TimeoutError, ConnectionError,
+    TimeoutError, socket.gaierror,
+)  # fmt: skip
 
 
 class Deduplicated(Exception):
@@ -87,7 +104,7 @@ def hook(  # noqa: PLR0917
     ttl: float | None,
     audit: AuditEvent,
     fingerprint: str | None = None,
-) -> broker.PushHook:
+) -> Push:
     """The push of ``task_id``'s message with its reservation, which keeps the payload's
     ``fingerprint`` (``key=None``: the audit event only, for a task without enqueue
     dedup)."""
@@ -95,6 +112,7 @@ def hook(  # noqa: PLR0917
     redis_store = cast(RedisStore, store)  # eligible() checked it
 
     def push(client: Any, queue_list: str, message: str) -> None:
+        pushed.tried = True
         if not _publishes_to_store(redis_store, client):
             _reserve_then_push(
                 redis_store, client, queue_list, message, key, task_id, ttl, audit, fingerprint
@@ -106,7 +124,16 @@ def hook(  # noqa: PLR0917
         if holder is not None:
             raise Deduplicated(holder)
 
-    return broker.PushHook(task_id, push)
+    pushed = Push(task_id, push)
+    return pushed
+
+
+@dataclass
+class Push(broker.PushHook):
+    """The push hook of one publish; ``tried``: it was called, so a reservation may have
+    been made (a publish that failed before it reserved nothing and pushed nothing)."""
+
+    tried: bool = False
 
 
 def _reserve_then_push(  # noqa: PLR0917
@@ -125,12 +152,52 @@ def _reserve_then_push(  # noqa: PLR0917
     kombu's own ``LPUSH`` on the publishing connection. A retried publish runs it again:
     the reservation is already this job's, and records nothing twice."""
     if key is not None:
-        holder = store.reserve(key, task_id, ttl, audit=audit, fingerprint=fingerprint)
+        with bounded({}, "store"):  # not a broker error: kombu must not retry it as one
+            holder = store.reserve(key, task_id, ttl, audit=audit, fingerprint=fingerprint)
         if holder is not None:
             raise Deduplicated(holder)
     client.lpush(queue_list, message)
     if key is None:
-        store.add_audit(audit)
+        with contextlib.suppress(*UNREACHABLE):  # pushed: the job is out, only its event lost
+            store.add_audit(audit)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says a backend is down or silent."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # a short chain: kombu and Celery wrap once or twice
+        if seen is None:
+            return False
+        if isinstance(seen, UNREACHABLE):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+@contextlib.contextmanager
+def bounded(conf: Any, backend: str) -> Iterator[None]:
+    """Turn a ``backend`` (``"broker"`` or ``"store"``) that is down or does not answer
+    into one :class:`~conventions.errors.BackendUnavailable` with a one-line message;
+    every other error passes unchanged."""
+    try:
+        yield
+    except BackendUnavailable:
+        raise
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        raise BackendUnavailable(describe(conf, backend, exc), backend=backend) from exc
+
+
+def describe(conf: Any, backend: str, exc: BaseException) -> str:
+    """The one line of a refused publish: which backend, what it answered, the bound."""
+    cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
+    what = "the result backend" if isinstance(exc, RuntimeError) else f"the {backend}"
+    reason = " ".join(scrub_text(str(cause)).split())[:200].rstrip(".") or type(cause).__name__
+    return (
+        f"{what} is unavailable ({reason}; publish timeout {publish_timeout(conf):g}s): "
+        "nothing was published; retry later, or add the job to the outbox"
+    )
 
 
 def forget(app: Any, task_id: str) -> None:

@@ -13,16 +13,19 @@ no longer renewed). Nothing on an exit path turns a store error into the job's F
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
 from conventions.capacity import limits, locks
+from conventions.capacity.leases import keeper
 from conventions.errors import PayloadError, ResumeLater
 from conventions.jobs.decisions import DeadLetterDecision, RetryDecision, SkipDecision
 from conventions.jobs.payloads import Payload
@@ -38,15 +41,15 @@ from conventions.tracing.context import Trace
 from conventions.tracing.headers import READY
 from conventions.transport import results
 from conventions.worker.exits import Exits
-from conventions.worker.job_context import JobContext, keeper
+from conventions.worker.job_context import JobContext
 
 if TYPE_CHECKING:
-    from conventions.task import ConventionTask
+    from conventions.jobs.protocol import JobTask
 
 logger = logging.getLogger("conventions.worker.delivery")
 
 
-def run(task: ConventionTask, request: Any, trace: Trace, args: Any, kwargs: Any) -> Any:
+def run(task: JobTask, request: Any, trace: Trace, args: Any, kwargs: Any) -> Any:
     """Run one delivery of ``task`` (called by ``ConventionTask.__call__``)."""
     headers, refused = deadletter.our_headers(request)  # untrusted: each one read by type
     headers[hdr.CORRELATION] = trace.correlation_id
@@ -61,7 +64,7 @@ class Delivery(Exits):
     """One delivery of one job, from validation to its single outcome (its retry,
     dead-letter and quarantine exits in ``conventions.worker.exits``)."""
 
-    task: ConventionTask
+    task: JobTask
     request: Any
     headers: dict[str, Any]
     kwargs: dict[str, Any]
@@ -80,7 +83,7 @@ class Delivery(Exits):
     fingerprint: str | None = None
 
     @property
-    def body(self) -> ConventionTask:
+    def body(self) -> JobTask:
         return self.task.upcast_into if self.task.upcast_into is not None else self.task
 
     @property
@@ -383,3 +386,25 @@ class Delivery(Exits):
         self.give_up_claim()
         self.dead_letter(exc, decision.category, decision.reason, alert=decision.alert)
         raise scrubbing.scrubbed(exc)  # what Celery logs, stores and sends: no personal data
+
+
+def dead_letter_hard_timeout(
+    task: JobTask, task_id: str, kwargs: dict[str, Any], exc: BaseException
+) -> None:
+    """The hard time limit killed the job's process: Celery acks the message in the main
+    process, so the dead letter is written here, and the enqueue reservation dropped.
+
+    The job ignored its soft time limit (which would have been retried), so it is
+    treated as a bug: alerted, kept for triage and replay. Only the payload is known in
+    the main process: our headers stay with the killed child.
+    """
+    request = SimpleNamespace(id=task_id, retries=0, hostname=None, delivery_info={})
+    delivery = Delivery(task, request, {}, dict(kwargs or {}))
+    try:
+        payload = task.upcast_payload(task.payload.parse(delivery.kwargs, task=task.name))
+        delivery.key = task.run_key(payload, {})[0]  # namespaced, as the store keeps it
+    except PayloadError:
+        delivery.key = None
+    reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"
+    with contextlib.suppress(Ignore, Reject):  # store down: published again (``defer``)
+        delivery.dead_letter(exc, Category.BUG, reason, alert=True)

@@ -9,14 +9,11 @@ the store is its only home), and a store that cannot take the record keeps the j
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Reject, Retry
 
-from conventions.errors import PayloadError
 from conventions.jobs.decisions import RetryDecision
 from conventions.observability import alerts
 from conventions.observability import deadletters as deadletter
@@ -27,7 +24,7 @@ from conventions.tracing import scrubbing
 from conventions.tracing.headers import READY
 
 if TYPE_CHECKING:
-    from conventions.task import ConventionTask
+    from conventions.jobs.protocol import JobTask
 
 logger = logging.getLogger("conventions.worker.delivery")
 
@@ -35,7 +32,7 @@ logger = logging.getLogger("conventions.worker.delivery")
 class Exits:
     """Retry, dead letter, quarantine and the FAILURE a rejected message still owes."""
 
-    task: ConventionTask
+    task: JobTask
     request: Any
     headers: dict[str, Any]
     kwargs: dict[str, Any]
@@ -47,7 +44,7 @@ class Exits:
         @property
         def attempt(self) -> int: ...
         @property
-        def body(self) -> ConventionTask: ...
+        def body(self) -> JobTask: ...
         def audit(self, name: str, **detail: Any) -> None: ...
         def give_up_claim(self) -> None: ...
         def store_down(self, exc: BaseException, purpose: str = "") -> NoReturn: ...
@@ -207,27 +204,3 @@ class Exits:
         logger.error("%s[%s] attempt %d failed (%s) and %s; requeued", self.task.name,
                      self.request.id, self.attempt, type(exc).__qualname__, reason)  # fmt: skip
         raise Reject(reason, requeue=True) from publish_error
-
-
-def dead_letter_hard_timeout(
-    task: ConventionTask, task_id: str, kwargs: dict[str, Any], exc: BaseException
-) -> None:
-    """The hard time limit killed the job's process: Celery acks the message in the main
-    process, so the dead letter is written here, and the enqueue reservation dropped.
-
-    The job ignored its soft time limit (which would have been retried), so it is
-    treated as a bug: alerted, kept for triage and replay. Only the payload is known in
-    the main process: our headers stay with the killed child.
-    """
-    from conventions.worker.delivery import Delivery  # the runner imports this module
-
-    request = SimpleNamespace(id=task_id, retries=0, hostname=None, delivery_info={})
-    delivery = Delivery(task, request, {}, dict(kwargs or {}))
-    try:
-        payload = task.upcast_payload(task.payload.parse(delivery.kwargs, task=task.name))
-        delivery.key = task.run_key(payload, {})[0]  # namespaced, as the store keeps it
-    except PayloadError:
-        delivery.key = None
-    reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"
-    with contextlib.suppress(Ignore, Reject):  # store down: published again (``defer``)
-        delivery.dead_letter(exc, Category.BUG, reason, alert=True)

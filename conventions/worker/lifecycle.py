@@ -24,8 +24,6 @@ import sys
 import threading
 from typing import Any
 
-from celery import signals
-
 from conventions.ops import doctor
 from conventions.worker import job_context as joblib
 
@@ -73,14 +71,13 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
         raise SystemExit(EX_CONFIG)  # not an Exception: Celery's signal dispatch lets it out
 
 
-def on_shutting_down(sig: Any = None, how: Any = None, **_: Any) -> None:
-    """Main process, on SIGTERM: flag the running jobs and bound their grace."""
+def on_shutting_down(app: Any, how: Any = None) -> None:
+    """Main process, on SIGTERM: flag the running jobs and bound their grace (``app``'s
+    ``conventions_shutdown_grace_seconds``)."""
     joblib.mark_stopping()
     if str(how) != "Warm":
         return
-    from celery import current_app
-
-    seconds = grace(current_app.conf)
+    seconds = grace(app.conf)
     if seconds > 0:
         timer = threading.Timer(seconds, _grace_over, args=(seconds,))
         timer.name, timer.daemon = "conventions-shutdown-grace", True
@@ -99,11 +96,3 @@ def _grace_over(seconds: float) -> None:
         seconds, running,
     )  # fmt: skip
     os.kill(os.getpid(), signal.SIGQUIT)  # Celery's cold shutdown: cancel, requeue, exit
-
-
-def connect() -> None:
-    """Connect the handlers (idempotent: each has a dispatch uid)."""
-    signals.worker_init.connect(on_worker_init, dispatch_uid="conventions.worker.lifecycle.init")
-    signals.worker_shutting_down.connect(
-        on_shutting_down, dispatch_uid="conventions.worker.lifecycle.shutting_down"
-    )

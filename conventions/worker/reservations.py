@@ -19,8 +19,8 @@ A store that cannot be reached is logged, never raised into Celery: the reservat
 then expires after its ttl, as before. A purged queue sends no signal at all: after
 ``celery purge`` use ``conventions keys clear`` (:mod:`conventions.cli.keys`).
 
-``App`` connects the handler when it is created (:func:`connect`); importing this module
-does nothing.
+Each ``App`` connects the handler for its own jobs when it is created
+(:mod:`conventions.worker.wiring`); importing this module does nothing.
 """
 
 from __future__ import annotations
@@ -29,18 +29,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from celery import signals
-
+from conventions.jobs.protocol import JobTask
 from conventions.observability import audit
-from conventions.task import ConventionTask
 from conventions.tracing import headers as hdr
 
 logger = logging.getLogger("conventions.worker.reservations")
-
-
-def connect() -> None:
-    """Listen to ``task_revoked`` (idempotent: one receiver per uid)."""
-    signals.task_revoked.connect(on_revoked, dispatch_uid="conventions.worker.reservations.revoked")
 
 
 def on_revoked(
@@ -51,8 +44,9 @@ def on_revoked(
     expired: bool = False,
     **_: Any,
 ) -> None:
-    """Celery discarded ``request``'s message: release its key and say why."""
-    if not isinstance(sender, ConventionTask) or request is None:
+    """Celery discarded ``request``'s message: release its key and say why (connected by
+    each app for its own convention jobs: ``conventions.worker.wiring``)."""
+    if request is None:
         return
     task_id = getattr(request, "id", None)
     if not task_id:
@@ -63,9 +57,7 @@ def on_revoked(
         logger.exception("could not release the key of revoked job %s[%s]", sender.name, task_id)
 
 
-def release(
-    task: ConventionTask, task_id: str, request: Any, *, expired: bool, terminated: bool
-) -> None:
+def release(task: JobTask, task_id: str, request: Any, *, expired: bool, terminated: bool) -> None:
     """Drop ``task_id``'s reservation of its key (if it still holds it) and record the
     ``revoked`` / ``expired`` audit event."""
     headers = _headers_of(request)
@@ -84,7 +76,7 @@ def release(
     )  # fmt: skip
 
 
-def key_of(task: ConventionTask, kwargs: Any, headers: Mapping[str, Any]) -> tuple[str, str] | None:
+def key_of(task: JobTask, kwargs: Any, headers: Mapping[str, Any]) -> tuple[str, str] | None:
     """``(store key, key)`` of a message, as its delivery would run under them
     (``ConventionTask.run_key``); None when the kwargs are not a valid payload."""
     if not isinstance(kwargs, Mapping):

@@ -9,10 +9,10 @@
 - ``task_prerun`` / ``task_postrun``: bind the job for logs (:mod:`conventions.tracing.logs`),
   Sentry tags and child publishes, for every task. A message from a foreign producer
   without our headers gets its correlation id here, at receipt.
-- ``after_setup_logger`` / ``after_setup_task_logger``: the worker's log format
-  (``conventions_log_format``: ``text`` or ``json``).
 
-Each handler is a few dictionary operations: they run on every publish and every job.
+Each app connects them for its own tasks (:mod:`conventions.worker.wiring`, which also
+sets the worker's log format on ``after_setup_logger``). Each handler is a few dictionary
+operations: they run on every publish and every job.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import contextlib
 import contextvars
 from typing import Any
 
-import sentry_sdk
-from celery import signals
-
+from conventions.observability import alerts
 from conventions.tracing import context, logs
 from conventions.tracing import headers as hdr
 from conventions.transport import results
@@ -67,7 +65,8 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
         idempotency_key=key,
         attempt=int(request.retries or 0) + 1,
     )
-    if sentry_sdk.get_client().is_active():
+    sentry_sdk = alerts.active_sentry()  # never imports it: None unless Sentry is in use
+    if sentry_sdk is not None:
         sentry_sdk.set_tag("correlation_id", trace.correlation_id)
         sentry_sdk.set_tag("task", name)
         if version:
@@ -95,22 +94,3 @@ def _unbind(task: Any) -> None:
         setattr(request, _TOKEN, None)
         with contextlib.suppress(ValueError):  # made in another context: nothing to undo here
             context.reset(token)
-
-
-def on_setup_logger(logger: Any = None, **_: Any) -> None:
-    """Our formatter on the worker's handlers, in the configured format."""
-    from celery import current_app
-
-    kind = current_app.conf.get("conventions_log_format") or "text"
-    if logger is not None:
-        logs.configure(logger, kind)
-
-
-def connect() -> None:
-    """Connect the handlers (idempotent: Celery's signals keep one receiver per uid)."""
-    logs.install()
-    signals.before_task_publish.connect(on_before_publish, dispatch_uid="cc_before_publish")
-    signals.task_prerun.connect(on_prerun, dispatch_uid="cc_prerun")
-    signals.task_postrun.connect(on_postrun, dispatch_uid="cc_postrun")
-    signals.after_setup_logger.connect(on_setup_logger, dispatch_uid="cc_setup_logger")
-    signals.after_setup_task_logger.connect(on_setup_logger, dispatch_uid="cc_setup_task_logger")

@@ -1,14 +1,34 @@
-"""Adopting the layer one task at a time (docs/howto/adopt.md).
+"""Adopting the layer (docs/howto/adopt.md): install, apply the profile, declare jobs.
 
-``send_welcome_email`` is the project's old plain Celery task. Its body now forwards to
-the convention task, so messages queued before the deploy, and callers not moved yet,
-take the new path: validation, a key, dedup, retries by decision, dead letters.
+The module a project makes its app in (its ``tasks/__init__.py``), after
+``pip install celery-conventions``. ``send_welcome_email`` is the project's old plain
+Celery task, kept under its old name: its body forwards to the convention job, so
+messages queued before the deploy, and callers not moved yet, take the new path.
 """
 
 from __future__ import annotations
 
-from conventions import Id, JobContext, Payload
-from examples.howto.app import app
+import os
+
+from conventions import App, Id, JobContext, Payload
+from conventions.config.profile import reliable
+from conventions.jobs import routing
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+WORKLOADS = {"email": "celery"}  # workload -> a queue your workers already consume
+
+# (set_as_current=False: only because the how-to examples share one process)
+app = App("myproject", set_as_current=False)  # was: Celery("myproject")
+app.conf.update(
+    reliable(
+        broker_url=REDIS_URL,
+        store_url=os.environ.get("CONVENTIONS_STORE_URL", REDIS_URL),
+    ),
+    conventions_workloads=WORKLOADS,
+    task_queues=routing.queues_for(WORKLOADS),
+    task_routes=(routing.WorkloadRouter(WORKLOADS),),
+    task_default_queue="celery",  # Celery's default: your plain tasks stay where they are
+)
 
 
 class WelcomeEmail(Payload):

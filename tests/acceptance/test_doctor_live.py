@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("clean_store")
 
 def _doctor(*extra: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, "-m", "conventions", "doctor", "--json", "--timeout", "3", *extra],
+        [sys.executable, "-m", "conventions", "-A", "tasks", "doctor", "--json", "--timeout", "3",
+         *extra],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip

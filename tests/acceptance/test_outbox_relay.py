@@ -58,7 +58,7 @@ class RelayProcess:
         self.log = log
         self._out: IO[bytes] = log.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conventions", "outbox", "relay", *args],
+            [sys.executable, "-m", "conventions", "-A", "tasks", "outbox", "relay", *args],
             cwd=ob.ROOT,
             env={**os.environ, "PYTHONPATH": str(ob.ROOT), **env},
             stdout=self._out,

@@ -145,7 +145,7 @@ def _assert_counted_exactly_once(day: dt.date, result: dict[str, int]) -> list[i
 def _status(task_id: str) -> dict[str, Any]:
     """``conventions status TASK_ID --json``, run as a command."""
     done = subprocess.run(
-        [sys.executable, "-m", "conventions", "status", task_id, "--json"],
+        [sys.executable, "-m", "conventions", "-A", "tasks", "status", task_id, "--json"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip

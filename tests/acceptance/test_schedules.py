@@ -56,7 +56,7 @@ def test_a_daily_bangkok_entry_names_the_bangkok_day_across_the_utc_day_boundary
     assert events[0].idempotency_key == key
 
     trigger = subprocess.run(
-        [sys.executable, "-m", "conventions", "schedule", "trigger", "bkk-report",
+        [sys.executable, "-m", "conventions", "-A", "tasks", "schedule", "trigger", "bkk-report",
          "--at", "2026-12-01"],
         check=False, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
         timeout=60,

@@ -69,7 +69,7 @@ def receipts_sent(*order_ids: str) -> dict[str, int]:
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> Any:
     """``conventions ARGS`` as a subprocess of the project (a real relay process)."""
     return subprocess.run(
-        [sys.executable, "-m", "conventions", *args],
+        [sys.executable, "-m", "conventions", "-A", "tasks", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         capture_output=True,

@@ -22,7 +22,7 @@ from celery import signals
 from celery.app import trace as celery_trace
 from celery.worker.consumer import consumer
 
-from conventions import bind
+from conventions import App, bind
 from conventions.observability import alerts
 from tasks import app
 from tests.integration import support_jobs
@@ -251,10 +251,18 @@ def test_a_poison_alert_without_an_exception_is_one_message_event_grouped_by_tas
     assert event["fingerprint"] == ["conventions", "poison", "testing.crash.v1"]
 
 
-class _Worker:
-    """What ``worker_init`` sends: an object with the app (here, a stand-in config)."""
+class _Started:
+    """What ``worker_init`` and ``beat_init`` send: an object with the app."""
 
-    app = SimpleNamespace(conf={"sentry_dsn": "http://public@127.0.0.1:9/1"})
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+
+def _worker_of(dsn: str) -> _Started:
+    """A start of an App whose Sentry DSN is ``dsn`` (its wiring listens for its own)."""
+    started = App("sentry-init", set_as_current=False)
+    started.conf.update(sentry_dsn=dsn, conventions_doctor_on_start=False)
+    return _Started(started)
 
 
 def test_worker_init_and_beat_init_initialise_sentry_from_the_sentry_dsn_setting(
@@ -262,20 +270,22 @@ def test_worker_init_and_beat_init_initialise_sentry_from_the_sentry_dsn_setting
 ) -> None:
     calls: list[str | None] = []
     monkeypatch.setattr(alerts, "init_sentry", lambda dsn, **_: calls.append(dsn) or True)
+    worker = _worker_of("http://public@127.0.0.1:9/1")
 
-    signals.worker_init.send(sender=_Worker)
-    signals.beat_init.send(sender=_Worker)
+    signals.worker_init.send(sender=worker)
+    signals.beat_init.send(sender=worker)
+    signals.worker_init.send(sender=_Started(SimpleNamespace(conf={})))  # not ours
 
     assert calls == ["http://public@127.0.0.1:9/1"] * 2
 
 
 def test_a_bad_sentry_dsn_is_logged_and_the_worker_starts_without_sentry(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(_Worker, "app", SimpleNamespace(conf={"sentry_dsn": "not a dsn"}))
+    worker = _worker_of("not a dsn")
     client = sentry_sdk.get_client()
 
-    signals.worker_init.send(sender=_Worker)
+    signals.worker_init.send(sender=worker)
 
     assert sentry_sdk.get_client() is client
     assert any("could not initialise Sentry" in r.getMessage() for r in caplog.records)

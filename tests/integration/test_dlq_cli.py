@@ -80,7 +80,7 @@ def fix_provider(item_id: str) -> None:
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
+    code = main(["-A", "tasks", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -128,7 +128,7 @@ def test_dlq_list_json_from_a_real_subprocess_shows_the_record() -> None:
     record = dead_lettered_payment()
 
     done = subprocess.run(
-        [sys.executable, "-m", "conventions", "dlq", "list", "--json"],
+        [sys.executable, "-m", "conventions", "-A", "tasks", "dlq", "list", "--json"],
         cwd=ROOT,
         env=dict(os.environ),
         capture_output=True,

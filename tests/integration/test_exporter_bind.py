@@ -17,7 +17,7 @@ import pytest
 from kombu import Connection, Producer
 
 from conventions.app import App
-from conventions.observability.exporter import OTHER_TASK, bind_address
+from conventions.ops.exporter import OTHER_TASK, bind_address
 from tasks import app
 from tests.integration.exporter import ExporterProcess
 from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for

@@ -60,11 +60,20 @@ def test_once_stops_a_second_effect_even_when_the_body_runs_again(examples_worke
     assert entries_of("evt_howto_2") == 1
 
 
-def test_the_old_plain_task_forwards_to_the_convention_task(examples_worker: Any) -> None:
-    forwarded = adopt.send_welcome_email.delay(42).get(timeout=30)
-    result = app.AsyncResult(forwarded)
-    assert wait_for(result.ready, 30)
-    assert result.get(timeout=5) == "welcomed usr_42"
+def test_the_old_plain_task_forwards_to_the_convention_task(services: None) -> None:
+    """The adopt page's app (the reliable profile, its own queue ``celery``): a worker of it
+    runs the old plain task, which forwards to the convention job."""
+    from celery.contrib.testing.worker import start_worker
+
+    adopt.app.conf.conventions_doctor_levels = {"redis-no-persistence": "warning"}
+    with start_worker(
+        adopt.app, pool="threads", concurrency=2, queues=["celery"],
+        perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
+    ):  # fmt: skip
+        forwarded = adopt.send_welcome_email.delay(42).get(timeout=30)
+        result = adopt.app.AsyncResult(forwarded)
+        assert wait_for(result.ready, 30)
+        assert result.get(timeout=5) == "welcomed usr_42"
 
 
 def test_the_flask_example_answers_202_with_a_run_id_and_echoes_the_correlation_id(

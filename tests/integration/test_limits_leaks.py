@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from conventions import Id, JobContext, Payload
+from conventions.capacity.leases import keeper
 from conventions.store import keys
-from conventions.worker.job_context import keeper
 from tasks import app
 from tests.integration.helpers import wait_for
 

@@ -204,7 +204,7 @@ def test_outbox_status_and_relay_once_run_as_commands(engine: sa.Engine) -> None
 
 
 def test_the_metrics_exporter_reads_the_lag_of_the_configured_outbox(engine: sa.Engine) -> None:
-    from conventions.observability import exporter as metrics
+    from conventions.ops import exporter as metrics
 
     read = metrics.default_outbox_lag(app)  # conventions_outbox_url: the shop's database
     assert read is not None

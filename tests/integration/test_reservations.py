@@ -191,7 +191,7 @@ def test_keys_clear_is_refused_without_a_reason(
     argv = ["keys", "clear", key, "--actor", "alice"]
     if reason is not None:
         argv += ["--reason", reason]
-    with pytest.raises(SystemExit) as exit_:
-        _cli(capsys, *argv)
-    assert exit_.value.code == 2
+    code, _, err = _cli(capsys, *argv)
+    assert code == 2
+    assert "--reason" in err and len(err.strip().splitlines()) == 1
     assert _held_by(store_redis, key) == "job-1"

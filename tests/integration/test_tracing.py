@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
 
 def trace_json(correlation: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     capsys.readouterr()
-    assert cli.main(["trace", correlation, "--json"]) == 0
+    assert cli.main(["-A", "tasks", "trace", correlation, "--json"]) == 0
     return dict(json.loads(capsys.readouterr().out))
 
 

@@ -43,7 +43,7 @@ def test_a_foreign_message_with_invalid_kwargs_is_dead_lettered_as_invalid(
     with pytest.raises(Exception, match="call_id"):
         app.AsyncResult(task_id).get(timeout=30)
     # and an operator finds it with its field error
-    assert cli.main(["dlq", "list", "--category", "invalid", "--json"]) == 0
+    assert cli.main(["-A", "tasks", "dlq", "list", "--category", "invalid", "--json"]) == 0
     listed = {row["task_id"]: row for row in json.loads(capsys.readouterr().out)}
     assert "call_id" in listed[task_id]["message"]
     # the worker keeps serving

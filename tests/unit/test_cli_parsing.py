@@ -116,10 +116,11 @@ def test_since_that_is_neither_a_time_nor_a_duration_is_refused() -> None:
 
 
 def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err
+    """Run ``conventions ARGV``: it must exit 2 with one line on stderr (no traceback)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
 
 
 def test_replay_without_a_reason_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,57 +167,87 @@ def test_list_refuses_a_limit_below_one(capsys: pytest.CaptureFixture[str]) -> N
     assert "positive" in usage_error(["dlq", "list", "--limit", "0"], capsys)
 
 
-def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "required" in usage_error([], capsys)
+def test_a_timeout_must_be_a_positive_number_of_seconds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "--timeout" in usage_error(["--timeout", "0", "dlq", "list"], capsys)
+
+
+def test_an_unknown_command_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "'dlqq'" in usage_error(["dlqq", "list"], capsys)
+
+
+def test_without_a_command_the_usage_is_shown_and_the_exit_status_is_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "Usage: conventions" in err
+    assert "dlq" in err and "doctor" in err
+
+
+def test_without_an_app_the_command_exits_2_with_one_line_saying_how_to_name_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CONVENTIONS_APP", raising=False)
+
+    err = usage_error(["dlq", "list"], capsys)
+
+    assert "no app" in err and "-A MODULE" in err and "CONVENTIONS_APP" in err
 
 
 def test_an_app_module_that_does_not_import_exits_2_with_the_reason(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.main(["-A", "no_such_module_here", "dlq", "list"]) == 2
-    assert "cannot import the app module 'no_such_module_here'" in capsys.readouterr().err
+    err = usage_error(["-A", "no_such_module_here", "dlq", "list"], capsys)
+    assert "cannot import the app module 'no_such_module_here'" in err
 
 
 def test_an_app_that_is_not_a_conventions_app_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["-A", "json:loads", "dlq", "list"]) == 2
-    assert "is not a conventions.App" in capsys.readouterr().err
+    assert "is not a conventions.App" in usage_error(["-A", "json:loads", "dlq", "list"], capsys)
 
 
-def test_the_app_defaults_to_conventions_app_from_the_environment(
+def test_the_app_comes_from_conventions_app_in_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CONVENTIONS_APP", "myproject.worker:celery_app")
 
-    assert cli.build_parser().parse_args(["trace", "c1"]).app == "myproject.worker:celery_app"
+    ctx = cli.cli.make_context("conventions", ["trace", "c1"])
+
+    assert ctx.params["app"] == "myproject.worker:celery_app"
 
 
-def test_the_app_defaults_to_tasks_without_the_environment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("CONVENTIONS_APP", raising=False)
+def test_the_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
 
-    assert cli.build_parser().parse_args(["trace", "c1"]).app == "tasks"
+    assert capsys.readouterr().out.strip() == f"conventions {cli.version()}"
+    assert cli.version()[0].isdigit()
+
+
+def _params(path: list[str], argv: list[str]) -> dict[str, Any]:
+    command: Any = cli.cli
+    for name in path:
+        command = command.commands[name]
+    return dict(command.make_context(path[-1], argv).params)
 
 
 def test_retention_keeps_dead_letters_30_days_and_audit_14_days_by_default() -> None:
-    args = cli.build_parser().parse_args(["retention"])
+    params = _params(["retention"], [])
 
-    assert args.dead_letters == timedelta(days=30)
-    assert args.audit == timedelta(days=14)
+    assert params["dead_letters"] == timedelta(days=30)
+    assert params["audit"] == timedelta(days=14)
 
 
 def test_the_replay_actor_defaults_to_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("USER", "alice")
-    args = cli.build_parser().parse_args(["dlq", "replay", "dl1", "--reason", "x"])
 
-    assert args.actor == "alice"
+    assert _params(["dlq", "replay"], ["dl1", "--reason", "x"])["actor"] == "alice"
 
 
 def test_the_replay_actor_is_cli_without_a_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("USER", raising=False)
-    args = cli.build_parser().parse_args(["dlq", "replay", "dl1", "--reason", "x"])
 
-    assert args.actor == "cli"
+    assert _params(["dlq", "replay"], ["dl1", "--reason", "x"])["actor"] == "cli"
 
 
 # -- formatting ----------------------------------------------------------------------------

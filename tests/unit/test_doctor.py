@@ -6,10 +6,10 @@ import itertools
 from typing import Any
 
 import pytest
-from kombu import Exchange, Queue
 
 from conventions import App, Backoff, JobContext, Payload
-from conventions.jobs.routing import WorkloadRouter
+from conventions.config.profile import reliable
+from conventions.jobs.routing import WorkloadRouter, queues_for
 from conventions.ops.doctor import ERROR, WARNING, Finding, static_checks
 
 
@@ -18,22 +18,16 @@ class Ids(Payload):
 
 
 def _app(**conf: Any) -> App:
+    """An app with the reliable profile (its queues ``email`` and ``heavy``), then
+    ``conf``; ``workloads=`` routes to queues that may not be declared."""
     workloads = conf.pop("workloads", {"email": "email", "heavy": "heavy"})
     app = App("doctor_test", set_as_current=False)
     app.conf.update(
-        broker_url="redis://localhost:6379/0",
-        broker_transport_options={"visibility_timeout": 3600},
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        task_create_missing_queues=False,
-        task_queues=tuple(Queue(q, Exchange(q), routing_key=q) for q in ("email", "heavy")),
+        reliable(broker_url="redis://localhost:6379/0", store_url="redis://localhost:6379/0"),
+        task_queues=queues_for({"email": "email", "heavy": "heavy"}),
         task_routes=(WorkloadRouter(workloads),),
         task_default_queue="email",
         conventions_workloads=workloads,
-        task_time_limit=300,
-        broker_transport="conventions.transport.redis:Transport",
-        worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     app.conf.update(conf)
     return app
@@ -166,7 +160,6 @@ def test_the_levels_setting_lowers_or_silences_a_check() -> None:
             {"worker_cancel_long_running_tasks_on_connection_loss": True},
             "cancel-on-connection-loss",
         ),
-        ({"result_backend": "redis://localhost:6379/1"}, "result-write-not-retried"),
     ],
 )
 def test_each_way_a_redis_broker_loses_a_late_ack_job_is_a_warning_with_the_fix(
@@ -177,6 +170,16 @@ def test_each_way_a_redis_broker_loses_a_late_ack_job_is_a_warning_with_the_fix(
     assert "set " in found[0].message
     # the same settings on RabbitMQ are fine: the broker requeues what a channel held
     assert static_checks(_app(broker_url="amqp://localhost//", **conf), server=False) == []
+
+
+def test_a_result_write_that_is_not_retried_is_a_warning_on_any_broker() -> None:
+    for broker in ("redis://localhost:6379/0", "amqp://localhost//"):
+        app = _app(broker_url=broker, result_backend_always_retry=False)
+        found = static_checks(app, server=False)
+        assert [(f.level, f.code, f.subject) for f in found] == [
+            (WARNING, "result-write-not-retried", "result_backend_always_retry")
+        ]
+        assert found[0].message.startswith("False, the profile's value is True")
 
 
 def test_the_stores_redis_is_checked_too_when_it_is_another_server() -> None:

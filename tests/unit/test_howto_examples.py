@@ -101,3 +101,16 @@ def test_the_adopted_task_keeps_its_old_plain_name_beside_the_convention_task() 
 def test_the_examples_app_refuses_a_bad_declaration_at_definition_time() -> None:
     with pytest.raises(ConfigurationError):
         app.job("SendReceipt", payload=v2.SendInvoice, key="r:{order_id}", workload="email")
+
+
+def test_a_contract_gives_the_web_process_a_publisher_and_the_worker_its_body() -> None:
+    from examples.howto import contracts, invoices, publishing
+
+    publisher, body = publishing.send_invoice, invoices.send_invoice
+    assert publisher.name == body.name == contracts.SEND_INVOICE.name
+    assert publisher.payload is body.payload is contracts.SendInvoice
+    assert getattr(publisher, "publisher_only", False)
+    with pytest.raises(PayloadError, match="invoice_id"):
+        publisher.delay(invoice_id="not an id!")
+    ctx = context_for(body, "invoice:inv_1")
+    assert body.run(body.payload(invoice_id="inv_1"), ctx) == "sent inv_1 once, under invoice:inv_1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conventions.capacity import limits
+from conventions.config import capacity as limits
 from conventions.errors import ConfigurationError
 from conventions.store.tokens import Bucket, pause, step
 
@@ -24,7 +24,7 @@ def test_a_bad_rate_says_how_to_write_one(text: str) -> None:
 
 
 def test_declarations_read_as_limits() -> None:
-    declared = limits.parse(
+    declared = limits.parse_limits(
         {
             "smtp": "5/s",
             "payments_api": {"concurrency": 2, "lease": 5},
@@ -43,12 +43,12 @@ def test_declarations_read_as_limits() -> None:
 )
 def test_a_bad_declaration_is_refused(spec: object) -> None:
     with pytest.raises(ConfigurationError, match=r"conventions_limits\['x'\]"):
-        limits.parse({"x": spec})
+        limits.parse_limits({"x": spec})
 
 
 def test_a_task_using_an_undeclared_dependency_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigurationError, match=r"declare them in conventions_limits"):
-        limits.check_uses("email.send.v1", ("smtp", "sms"), limits.parse({"smtp": "5/s"}))
+        limits.check_uses("email.send.v1", ("smtp", "sms"), limits.parse_limits({"smtp": "5/s"}))
 
 
 def test_slot_names_cover_every_slot_once() -> None:

@@ -118,3 +118,15 @@ def test_a_publish_that_carries_our_headers_is_left_as_it_is() -> None:
     with context.bind(correlation_id="other"):
         tracing.on_before_publish(headers=headers)
     assert headers == {hdr.CORRELATION: "mine", "kwargsrepr": "{}"}
+
+
+def test_the_formatters_read_the_story_from_the_context_when_no_factory_set_it() -> None:
+    """A web process that never called ``logs.install()``: a record made without the
+    factory still gets the bound correlation id from the layer's formatters."""
+    record = logging.LogRecord("web", logging.INFO, __file__, 1, "order placed", None, None)
+    assert "correlation_id" not in record.__dict__
+    with context.bind(correlation_id="corr-web-1"):
+        line = logs.formatter("json").format(record)
+        text = logs.formatter("text").format(record)
+    assert json.loads(line)["correlation_id"] == "corr-web-1"
+    assert text.endswith("[corr=corr-web-1]")

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from conventions.observability import exporter as metrics
+from conventions.ops import exporter as metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "docker" / "prometheus"

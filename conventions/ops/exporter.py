@@ -26,22 +26,18 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from prometheus_client import start_http_server
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector, CollectorRegistry
-
+from conventions.config import extras
 from conventions.jobs import routing
 from conventions.observability import queues
 from conventions.store import counts
 
-logger = logging.getLogger("conventions.observability.exporter")
+if TYPE_CHECKING:  # the 'metrics' extra; imported where the exporter runs
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+
+logger = logging.getLogger("conventions.ops.exporter")
 
 #: the namespace of every metric
 NAMESPACE = "celery_conventions"
@@ -144,6 +140,7 @@ def default_outbox_lag(app: Any) -> OutboxLag | None:
     url = app.conf.get("conventions_outbox_url")
     if not url:
         return None
+    extras.require("sqlalchemy", "sql", "the outbox lag metric")
     import sqlalchemy as sa
 
     from conventions.store.sql import make_engine
@@ -173,8 +170,17 @@ def load_callable(spec: str, app: Any) -> OutboxLag:
     return lambda: function(app)
 
 
-class Exporter(Collector):
-    """A prometheus_client collector: reads the broker and the store on each ``collect``."""
+def _prometheus_client() -> None:
+    """prometheus_client is there, or a ``MissingExtra`` naming the 'metrics' extra."""
+    extras.require("prometheus_client", "metrics", "the Prometheus exporter")
+
+
+class Exporter:
+    """A prometheus_client collector: reads the broker and the store on each ``collect``.
+
+    It needs the ``metrics`` extra (prometheus_client): constructing one without it is a
+    ``MissingExtra`` naming the extra.
+    """
 
     def __init__(
         self,
@@ -184,6 +190,7 @@ class Exporter(Collector):
         outbox_lag: OutboxLag | None = None,
         consumers_timeout: float = 1.0,
     ) -> None:
+        _prometheus_client()
         self.app = app
         self.broker = broker or queues.from_app(app)
         self.outbox_lag = outbox_lag
@@ -224,6 +231,8 @@ class Exporter(Collector):
         yield from self._outbox_metrics()
 
     def _gauge(self, name: str) -> GaugeMetricFamily:
+        from prometheus_client.core import GaugeMetricFamily
+
         labels, doc = GAUGES[name]
         return GaugeMetricFamily(f"{NAMESPACE}_{name}", doc, labels=list(labels))
 
@@ -250,6 +259,8 @@ class Exporter(Collector):
         yield from (up, depth, age, consumed, slo)
 
     def _store_metrics(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
         up = self._gauge("store_up")
         store = self.app.store
         try:
@@ -311,11 +322,14 @@ def serve(
     stop: threading.Event | None = None,
 ) -> None:
     """Serve ``/metrics`` until SIGTERM or SIGINT (or ``stop`` is set)."""
+    exporter = Exporter(app, outbox_lag=outbox_lag)  # MissingExtra without 'metrics'
+    from prometheus_client import start_http_server
+    from prometheus_client.registry import CollectorRegistry
+
     stop = stop or threading.Event()
-    exporter = Exporter(app, outbox_lag=outbox_lag)
     exporter.refresh_consumers()  # the first scrape already knows the consumers
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(exporter)
+    registry.register(cast("Collector", exporter))  # a collector by its collect()
     server, _ = start_http_server(port, addr, registry)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,209 @@
+"""Bounded waits for the ``conventions`` command, and what "a backend is unreachable" is.
+
+A command run by an operator (or a cron, or a health check) must answer within seconds
+whatever the broker, the store, the result backend or the outbox's database do. The app's
+own settings are made for workers (retry the broker without end, retry every result
+read while the backend is down): :func:`bounded` replaces them, for the command's
+duration only, with waits of ``timeout`` seconds and no retry loop, and puts them back
+afterwards (a command run in-process, as the tests do, leaves the app as it found it).
+
+:func:`unreachable` tells a backend that did not answer (refused, timed out, reset) from
+any other fault, and :func:`describe` says which backend it was, in one line.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import kombu.exceptions
+import redis
+
+from conventions.config import settings
+from conventions.errors import BackendUnavailable
+
+#: seconds a command waits for a connection, and for each reply, without ``--timeout``
+DEFAULT_TIMEOUT = 5.0
+#: how long (seconds) a reply from the Redis broker may take on top of the timeout: an
+#: idle poll of the broker's transport blocks that long before it answers
+BROKER_POLL = 1.0
+#: the app's settings :func:`bounded` replaces while a command runs
+REPLACED = (
+    "broker_connection_timeout",
+    "broker_transport_options",
+    "redis_socket_connect_timeout",
+    "redis_socket_timeout",
+    "result_backend_always_retry",
+    "conventions_store_url",
+)
+_REDIS = ("redis", "rediss", "unix")
+_POSTGRES = ("postgresql", "postgres", "postgresql+psycopg")
+
+
+def with_timeouts(url: str, timeout: float) -> str:
+    """``url`` with connect and read timeouts in its query (Redis: ``socket_timeout`` and
+    ``socket_connect_timeout``; PostgreSQL: ``connect_timeout``); another URL unchanged.
+    A timeout the URL already sets is kept."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in _REDIS:
+        wanted = {"socket_connect_timeout": f"{timeout:g}", "socket_timeout": f"{timeout:g}"}
+    elif scheme in _POSTGRES:
+        wanted = {"connect_timeout": str(max(1, round(timeout)))}  # libpq: whole seconds
+    else:
+        return url
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query = {**wanted, **query}
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def _replacements(conf: Any, timeout: float) -> dict[str, Any]:
+    transport = dict(conf.get("broker_transport_options") or {})
+    transport["max_retries"] = 0  # one attempt to connect: the error is the answer
+    broker = str(conf.get("broker_url") or "")
+    if urlsplit(broker.split(";", maxsplit=1)[0]).scheme.lower() in _REDIS:
+        transport.setdefault("socket_connect_timeout", timeout)
+        transport.setdefault("socket_timeout", timeout + BROKER_POLL)
+    out: dict[str, Any] = {
+        "broker_connection_timeout": timeout,
+        "broker_transport_options": transport,
+        "redis_socket_connect_timeout": timeout,
+        "redis_socket_timeout": timeout,
+        "result_backend_always_retry": False,
+    }
+    store = conf.get("conventions_store_url")
+    if store:
+        out["conventions_store_url"] = with_timeouts(str(store), timeout)
+    return out
+
+
+@contextmanager
+def bounded(app: Any, timeout: float) -> Iterator[None]:
+    """Run with every connection the app opens bounded by ``timeout`` seconds.
+
+    A store the app opened already (a caller in the same process, a test's own store) is
+    left as it is; one opened here is dropped afterwards, so the app's next use of it
+    reopens it with the app's own settings."""
+    conf = app.conf
+    missing = object()
+    saved = {name: conf.get(name, missing) for name in REPLACED}
+    store_was_open = "_cc_store" in app.__dict__  # App.store's cache (conventions.app)
+    conf.update(_replacements(conf, timeout))
+    _forget_connections(app, store=not store_was_open)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                conf.pop(name, None)
+            else:
+                conf[name] = value
+        _forget_connections(app, store=not store_was_open)
+
+
+def _forget_connections(app: Any, *, store: bool) -> None:
+    """Drop what was opened with the settings in force, so that the next use reopens it
+    with the current ones: this thread's result backend, and (``store``) the store and
+    the layer's settings read from the conf."""
+    if store:
+        app.__dict__.pop("conventions_settings", None)
+        reset = getattr(app, "reset_store", None)
+        if callable(reset):
+            reset()
+    local = getattr(app, "_local", None)
+    if local is not None:
+        local.__dict__.pop("backend", None)
+
+
+# -- what an unreachable backend looks like -------------------------------------------------
+
+
+def _sql_unreachable(exc: BaseException) -> bool:
+    try:
+        from sqlalchemy import exc as sa_exc
+    except ImportError:  # pragma: no cover - the [sql] extra is not installed
+        return False
+    if isinstance(exc, sa_exc.InterfaceError):
+        return True
+    if not isinstance(exc, sa_exc.OperationalError):
+        return False
+    text = str(exc.orig or exc).lower()
+    # SQLite's OperationalError is also "no such table" (a fault, not a lost server)
+    return "sqlite" not in type(exc.orig).__module__ or "unable to open" in text
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, BackendUnavailable | kombu.exceptions.OperationalError):
+        return True
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return not isinstance(exc, redis.exceptions.AuthenticationError)
+    if isinstance(exc, ConnectionError | socket.timeout | TimeoutError):
+        return True
+    return _sql_unreachable(exc)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Did ``exc`` (or what it was raised from) come from a backend that did not answer?"""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if _is_unreachable(link):
+            return True
+        seen.add(id(link))
+        link = link.__cause__
+    return False
+
+
+def _plain(url: str) -> str:
+    """``url`` without a backend class prefix (``module:Class+redis://``) or a query."""
+    tail = url.split("+", 1)[1] if "+" in url.split("://", 1)[0] else url
+    return tail.split("?", 1)[0]
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(_plain(url))
+    try:
+        port = parts.port
+    except ValueError:
+        return ""
+    return f"{parts.hostname}:{port}" if parts.hostname and port else ""
+
+
+def _mentions(reason: str, where: str) -> bool:
+    """Does the error name this server (``host:port``, or libpq's ``"host", port N``)?"""
+    host, _, port = where.rpartition(":")
+    return where in reason or (host in reason and f"port {port}" in reason)
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+def describe(exc: BaseException, app: Any, extra: dict[str, str] | None = None) -> str:
+    """One line: which backend (by matching its address to the app's URLs) and why."""
+    cause = getattr(exc, "orig", None) or exc  # SQLAlchemy's: the driver's own words
+    reason = " ".join(str(cause).split()) or type(exc).__name__
+    urls = {
+        "the broker": str(app.conf.get("broker_url") or "").split(";")[0],
+        "the result backend": str(app.conf.get("result_backend") or ""),
+        "the store": str(app.conf.get("conventions_store_url") or ""),
+        **(extra or {}),
+    }
+    servers: dict[str, list[str]] = {}
+    for name, url in urls.items():
+        if _where(url):
+            servers.setdefault(_where(url), []).append(name)
+    shown = {where: settings.mask_url(_plain(urls[names[0]])) for where, names in servers.items()}
+    named = [where for where in servers if _mentions(reason, where)]
+    if not named and len(servers) == 1:  # one server for everything: it is the one
+        named = list(servers)
+    if named:
+        where = named[0]
+        return f"{_names(servers[where])} ({shown[where]}) did not answer: {reason}"
+    backend = getattr(exc, "backend", "")
+    if backend:
+        return f"the {backend} did not answer: {reason}"
+    return f"a backend did not answer ({', '.join(shown.values()) or 'none'}): {reason}"

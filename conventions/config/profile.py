@@ -1,0 +1,315 @@
+"""The reliable profile: every Celery setting the layer's promises rest on, in one call.
+
+::
+
+    app.conf.update(reliable(broker_url=REDIS_URL, store_url=REDIS_URL))
+
+:func:`reliable` answers a plain mapping. Its settings are of two kinds:
+
+* **promises** (:func:`promises`): late acks, reject on worker lost, prefetch 1, JSON
+  only, the layer's Redis transport, result writes retried, the dead-lettering consumer,
+  no queue created by a typo, a publish bounded in time. Jobs are safe only while
+  these hold, so an override that breaks one is refused (``allow=`` takes the risk on
+  purpose, by name);
+* **defaults**: events, soft shutdown, time limits, result expiry, timeouts. Override
+  them freely, by their Celery names.
+
+An override that is not a setting of the profile is refused too (a typo would otherwise
+be a setting nobody reads); app-specific settings (the workloads and their queues and
+routes, schedules, the layer's own ``conventions_*``) go on ``app.conf`` beside the
+profile (``task_create_missing_queues = False`` is a promise: declare ``task_queues``).
+The doctor (:mod:`conventions.ops.doctor`) checks a running configuration against the
+same :func:`promises`, and reports each deviation with the key, the value found and the
+profile's. Every setting is explained in ``docs/reference/settings.md``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from conventions.errors import ConfigurationError
+
+#: seconds a publish waits on the broker, the result backend or the store before
+#: ``.delay()`` raises ``BackendUnavailable``: the bound of each connect and each reply. A
+#: server that refuses connections fails a publish at once; one that accepts them and never
+#: answers after this (twice this when the result backend is that server too: Celery's
+#: result subscription tries to reconnect once)
+PUBLISH_TIMEOUT = 5.0
+#: kombu's Redis visibility timeout when none is given (seconds)
+VISIBILITY_TIMEOUT = 3600.0
+#: the layer's Redis transport: a fetch that cannot lose a message
+#: (:mod:`conventions.transport.redis`, named here: ``config`` sits below ``transport``)
+INBOX_TRANSPORT = "conventions.transport.redis:Transport"
+#: the dead-lettering consumer: a message nobody can run is kept, never only logged
+CONSUMER = "conventions.worker.consumer:Consumer"
+#: the result backend class a ``redis://`` result URL goes through
+RESULT_BACKEND = "conventions.transport.results:RedisBackend"
+REDIS_SCHEMES = ("redis", "rediss")
+JSON = ["json"]
+
+
+@dataclass(frozen=True)
+class Promise:
+    """One setting a reliability promise rests on: the profile's value, the doctor's
+    code and level for a deviation, and why it matters (the fix's reason)."""
+
+    key: str
+    value: Any
+    code: str
+    why: str
+    level: str = "warning"
+    #: a key inside the setting's mapping (``broker_transport_options['socket_timeout']``)
+    option: str | None = None
+    #: whether a found value keeps the promise (default: equal to ``value``)
+    accepts: Callable[[Any], bool] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}[{self.option!r}]" if self.option else self.key
+
+    def found(self, conf: Any) -> Any:
+        value = conf.get(self.key)
+        if self.option is None:
+            return value
+        return value.get(self.option) if isinstance(value, Mapping) else None
+
+    def kept_by(self, found: Any) -> bool:
+        if self.accepts is not None:
+            return self.accepts(found)
+        if isinstance(self.value, list):
+            return isinstance(found, list | tuple) and list(found) == self.value
+        return bool(found == self.value)
+
+
+def is_redis(url: Any) -> bool:
+    return isinstance(url, str) and urlsplit(url).scheme in REDIS_SCHEMES
+
+
+def publish_timeout(conf: Any) -> float:
+    """The publish bound of ``conf`` (``conventions_publish_timeout``), in seconds."""
+    return float(conf.get("conventions_publish_timeout") or PUBLISH_TIMEOUT)
+
+
+def _bounded(found: Any) -> bool:
+    return isinstance(found, int | float) and not isinstance(found, bool) and found > 0
+
+
+def _retries_bounded(found: Any) -> bool:
+    return isinstance(found, Mapping) and found.get("max_retries") is not None
+
+
+def _inbox_transport(found: Any) -> bool:
+    return found == INBOX_TRANSPORT or getattr(found, "Channel", None) is not None
+
+
+def promises(conf: Any) -> list[Promise]:
+    """The promises that apply to ``conf`` (a mapping or ``app.conf``): the Redis ones
+    only on a Redis broker, the result ones only with a Redis result backend."""
+    timeout = publish_timeout(conf)
+    found = [
+        Promise("task_acks_late", True, "profile-deviation",
+                "a job is acked after its body, so a worker that dies mid-job leaves it to "
+                "be delivered again"),
+        Promise("task_reject_on_worker_lost", True, "profile-deviation",
+                "a job whose pool process dies is put back instead of acked as failed"),
+        Promise("worker_prefetch_multiplier", 1, "profile-deviation",
+                "a process reserves one message at a time: no job waits, unacked, behind "
+                "a long one until another worker gets it again"),
+        Promise("worker_consumer", CONSUMER, "profile-deviation",
+                "a message nobody can run is kept as a dead letter, not only logged"),
+        Promise("task_create_missing_queues", False, "missing-queues-created",
+                "a typo in a queue name would create a queue nobody consumes"),
+        Promise("task_publish_retry_policy", _retry(1), "publish-unbounded",
+                "a publish to a broker that is down is retried a bounded number of times, "
+                "then raises BackendUnavailable", accepts=_retries_bounded),
+    ]  # fmt: skip
+    for key in ("task_serializer", "result_serializer"):
+        found.append(Promise(key, "json", "profile-deviation", "JSON only, never pickle"))
+    for key in ("accept_content", "result_accept_content"):
+        found.append(Promise(key, JSON, "profile-deviation", "JSON only, never pickle"))
+    if is_redis(conf.get("broker_url")):
+        found += _redis_broker_promises(conf, timeout)
+    if conf.get("result_backend"):
+        found.append(Promise(
+            "result_backend_always_retry", True, "result-write-not-retried",
+            "a result write (STARTED, or the final state) that fails on a lost connection "
+            "would fail the job outside its body, and Celery acks it",
+        ))  # fmt: skip
+    if is_redis(_result_url(conf.get("result_backend"))):
+        found += [
+            Promise("redis_socket_timeout", timeout, "publish-unbounded",
+                    "a result backend that does not answer holds a publish (which "
+                    "subscribes to its result) this long at most", accepts=_bounded),
+            Promise("result_backend_transport_options", {"retry_policy": _retry(0)},
+                    "publish-unbounded",
+                    "the result subscription of a publish gives up after one reconnection "
+                    "(Celery's default: 20 more, about 19 s)",
+                    accepts=lambda o: isinstance(o, Mapping)
+                    and _retries_bounded(o.get("retry_policy"))),
+        ]  # fmt: skip
+    return found
+
+
+def _redis_broker_promises(conf: Any, timeout: float) -> list[Promise]:
+    return [
+        Promise("broker_transport", INBOX_TRANSPORT, "redis-fetch-unsafe",
+                "kombu's Redis fetch (BRPOP, then a second command) loses the message a "
+                "worker is fetching when it is killed", accepts=_inbox_transport),
+        Promise("worker_cancel_long_running_tasks_on_connection_loss", False,
+                "cancel-on-connection-loss",
+                "on Redis, a late-ack job cancelled when the connection drops is then acked: "
+                "its message is lost (the ledger makes a second run harmless)"),
+        Promise("broker_transport_options", timeout, "publish-unbounded",
+                "a publish to a broker that accepts connections and never answers waits "
+                "this long, not forever (kombu's default)", option="socket_timeout",
+                accepts=_bounded),
+        Promise("broker_transport_options", timeout, "publish-unbounded",
+                "a connect to a broker that does not answer waits this long, not forever",
+                option="socket_connect_timeout", accepts=_bounded),
+    ]  # fmt: skip
+
+
+def _retry(max_retries: int) -> dict[str, float]:
+    return {"max_retries": max_retries, "interval_start": 0, "interval_step": 0.2,
+            "interval_max": 0.2}  # fmt: skip
+
+
+def _result_url(backend: Any) -> Any:
+    """The URL of a ``module:Class+url`` result backend setting."""
+    if isinstance(backend, str) and "+" in backend.split("://", 1)[0]:
+        return backend.split("+", 1)[1]
+    return backend
+
+
+def reliable(
+    *,
+    broker_url: str,
+    store_url: str,
+    result_backend: str | None = None,
+    publish_timeout: float = PUBLISH_TIMEOUT,
+    visibility_timeout: float = VISIBILITY_TIMEOUT,
+    allow: Iterable[str] = (),
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The whole reliable profile for ``app.conf.update(...)``.
+
+    ``result_backend``: a URL (a ``redis://`` one goes through the layer's backend);
+    unset, the broker's URL when it is Redis, else no result backend.
+    ``publish_timeout``: seconds before a ``.delay()`` whose broker or store does not
+    answer raises ``BackendUnavailable``.
+    ``visibility_timeout``: Redis redelivers an unacked message after it; keep it above
+    the longest time limit plus the longest retry delay. ``overrides``: any setting of
+    the profile by its name (a ``broker_transport_options`` mapping is merged into the
+    profile's); a setting that breaks a promise, or that the profile does not have, is
+    a ``ConfigurationError`` unless its name is in ``allow``.
+    """
+    conf = _base(broker_url, store_url, result_backend, float(publish_timeout),
+                 float(visibility_timeout))  # fmt: skip
+    allowed = set(allow)
+    for key, value in overrides.items():
+        if key not in conf and key not in allowed:
+            raise ConfigurationError(_unknown(key, conf))
+        merged = key == "broker_transport_options" and isinstance(value, Mapping)
+        conf[key] = {**conf.get(key, {}), **value} if merged else value
+    for promise in promises(conf):
+        found = promise.found(conf)
+        if promise.key not in allowed and not promise.kept_by(found):
+            raise ConfigurationError(
+                f"reliable(): {promise.name}={found!r} breaks a promise ({promise.why}); "
+                f"keep {promise.value!r}, or pass allow={{{promise.key!r}}} to take the risk"
+            )
+    _check_time_limits(conf, allowed)
+    return conf
+
+
+def _base(
+    broker_url: str, store_url: str, result_backend: str | None, timeout: float,
+    visibility: float,
+) -> dict[str, Any]:  # fmt: skip
+    conf: dict[str, Any] = {
+        "broker_url": broker_url,
+        "conventions_store_url": store_url,
+        "conventions_publish_timeout": timeout,
+        # -- promises (see promises())
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_consumer": CONSUMER,
+        "task_create_missing_queues": False,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": list(JSON),
+        "result_accept_content": list(JSON),
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # -- a bounded publish: one retry (a stale pooled connection), then the error
+        "task_publish_retry": True,
+        "task_publish_retry_policy": _retry(1),
+        "broker_connection_timeout": timeout,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {},
+        # -- defaults
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "worker_soft_shutdown_timeout": 10.0,
+        "worker_enable_soft_shutdown_on_idle": True,
+        "task_time_limit": 300,
+        "task_soft_time_limit": 270,
+        "result_expires": 86400,
+        "result_extended": True,
+        "enable_utc": True,
+        "timezone": "UTC",
+    }
+    if is_redis(broker_url):
+        conf["broker_transport"] = INBOX_TRANSPORT
+        conf["broker_transport_options"] = {
+            "visibility_timeout": visibility,
+            # one list per queue: a worker reading one queue blocks on it
+            "priority_steps": [0],
+            # a killed worker's in-flight fetch goes back to its queue after this
+            "inbox_timeout": min(60.0, visibility),
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+        }
+    results = result_backend or (broker_url if is_redis(broker_url) else None)
+    if results:
+        conf["result_backend"] = f"{RESULT_BACKEND}+{results}" if is_redis(results) else results
+        conf["result_backend_always_retry"] = True
+    if is_redis(results):
+        conf["redis_socket_timeout"] = timeout
+        conf["redis_socket_connect_timeout"] = timeout
+        conf["result_backend_transport_options"] = {"retry_policy": _retry(0)}
+    return conf
+
+
+def _unknown(key: str, conf: Mapping[str, Any]) -> str:
+    near = difflib.get_close_matches(key, list(conf), n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    return (
+        f"reliable(): {key!r} is not a setting of the profile; {hint}set app-specific "
+        f"settings on app.conf beside the profile, or pass allow={{{key!r}}}"
+    )
+
+
+def _check_time_limits(conf: Mapping[str, Any], allowed: set[str]) -> None:
+    """The hard limit above the soft one, and below the visibility timeout on Redis
+    (else Redis delivers a running job again); ``allow={"visibility_timeout"}`` lets a
+    test shorten the timeout on purpose."""
+    hard, soft = conf.get("task_time_limit"), conf.get("task_soft_time_limit")
+    if hard and soft and float(soft) >= float(hard):
+        raise ConfigurationError(
+            f"reliable(): task_soft_time_limit={soft!r} is not below task_time_limit="
+            f"{hard!r}: the soft limit must come first, so the job can stop cleanly"
+        )
+    visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout")
+    beyond = bool(hard and visibility and float(hard) > float(visibility))
+    if beyond and "visibility_timeout" not in allowed:
+        raise ConfigurationError(
+            f"reliable(): task_time_limit={hard!r} is beyond the visibility timeout "
+            f"({visibility!r}): Redis would deliver a running job again; raise "
+            "visibility_timeout, or pass allow={'visibility_timeout'}"
+        )

@@ -1,0 +1,35 @@
+"""The example project's Celery settings: the layer's reliable profile, read from the
+environment.
+
+* ``EXAMPLE_BROKER_URL``: the broker (default ``redis://localhost:6379/0``);
+* ``EXAMPLE_STORE_URL``: the result backend and the layer's store (default
+  ``redis://localhost:6379/1``);
+* ``EXAMPLE_THROWAWAY_REDIS``: set (to anything) for a Redis without persistence (tests,
+  a laptop): the worker then starts with a warning instead of being refused.
+"""
+
+from __future__ import annotations
+
+import os
+
+from conventions.config import profile
+
+BROKER_URL = os.environ.get("EXAMPLE_BROKER_URL", "redis://localhost:6379/0")
+STORE_URL = os.environ.get("EXAMPLE_STORE_URL", "redis://localhost:6379/1")
+#: workloads -> queues
+WORKLOADS = {"default": "example"}
+
+# every setting the layer's promises rest on (late acks, the inbox transport, bounded
+# publishes, ...), with the routing of the workloads: see docs/howto/adopt.md
+globals().update(
+    profile.reliable(
+        broker_url=BROKER_URL,
+        store_url=STORE_URL,
+        result_backend=STORE_URL,
+        workloads=WORKLOADS,
+    )
+)
+
+if os.environ.get("EXAMPLE_THROWAWAY_REDIS"):
+    # losing the queues on a restart is fine here: the doctor warns instead of refusing
+    conventions_doctor_levels = {"redis-no-persistence": "warning"}
