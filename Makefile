@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install services lint typecheck docs unit test demo bench clean
+.PHONY: install services lint typecheck docs unit test chaos demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,9 +32,14 @@ unit: install
 	$(BIN)/pytest tests/unit -q -p no:cacheprovider
 
 # pytest exits 5 when it collects nothing: make fails then, so CI never passes on nothing.
+# The long chaos runs (marked `chaos`: kill -9, SIGTERM, Redis crashes, thousands of jobs)
+# are `make chaos`; CI (.ci/run) runs both.
 test: install services lint typecheck docs
 	$(BIN)/python scripts/check_layering.py
-	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -p no:cacheprovider
+	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -m "not chaos" -p no:cacheprovider
+
+chaos: install services
+	$(BIN)/pytest tests/acceptance -m chaos -p no:cacheprovider
 
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from conventions.config import profile
+from conventions.jobs import routing
 
 BROKER_URL = os.environ.get("EXAMPLE_BROKER_URL", "redis://localhost:6379/0")
 STORE_URL = os.environ.get("EXAMPLE_STORE_URL", "redis://localhost:6379/1")
@@ -20,15 +21,14 @@ STORE_URL = os.environ.get("EXAMPLE_STORE_URL", "redis://localhost:6379/1")
 WORKLOADS = {"default": "example"}
 
 # every setting the layer's promises rest on (late acks, the inbox transport, bounded
-# publishes, ...), with the routing of the workloads: see docs/howto/adopt.md
+# publishes, ...): see docs/howto/adopt.md
 globals().update(
-    profile.reliable(
-        broker_url=BROKER_URL,
-        store_url=STORE_URL,
-        result_backend=STORE_URL,
-        workloads=WORKLOADS,
-    )
+    profile.reliable(broker_url=BROKER_URL, store_url=STORE_URL, result_backend=STORE_URL)
 )
+# the project's own: its workloads, and the queues and routes made from them
+conventions_workloads = WORKLOADS
+task_queues = routing.queues_for(WORKLOADS)
+task_routes = (routing.WorkloadRouter(WORKLOADS),)
 
 if os.environ.get("EXAMPLE_THROWAWAY_REDIS"):
     # losing the queues on a restart is fine here: the doctor warns instead of refusing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -59,10 +60,16 @@ print(json.dumps({
 """
 
 
+def _clean_env() -> dict[str, str]:
+    """This process's environment without ``DJANGO_SETTINGS_MODULE`` (other tests set it):
+    with it, Celery's own Django fixup keeps the first app alive and connects receivers."""
+    return {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+
+
 def _probe(imports: tuple[str, ...]) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", PROBE, ",".join(imports), ",".join(OPTIONAL)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True, env=_clean_env(),
     )  # fmt: skip
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -98,7 +105,7 @@ print(json.dumps([with_one, with_two, ours()]))
 def test_an_app_connects_its_own_handlers_when_created_and_they_go_with_it() -> None:
     done = subprocess.run(
         [sys.executable, "-c", APP_PROBE],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True, env=_clean_env(),
     )  # fmt: skip
     assert json.loads(done.stdout) == [1, 2, 0]
 
