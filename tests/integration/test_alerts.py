@@ -252,7 +252,10 @@ def test_a_poison_alert_without_an_exception_is_one_message_event_grouped_by_tas
 
 
 class _Started:
-    """What ``worker_init`` and ``beat_init`` send: an object with the app."""
+    """What ``worker_init`` and ``beat_init`` send: an object with the app (and the pool
+    Celery's Django fixup reads when ``DJANGO_SETTINGS_MODULE`` is set)."""
+
+    pool_cls = "solo"
 
     def __init__(self, app: Any) -> None:
         self.app = app
