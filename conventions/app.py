@@ -295,6 +295,26 @@ class App(Celery):  # type: ignore[misc]
         return decorate
 
     @cached_property
+    def amqp(self) -> Any:
+        """Celery's AMQP part, made once the configuration is in: the workloads' queues and
+        routes are declared first, when the app declares none of its own."""
+        self._route_workloads()
+        return super().amqp
+
+    def _route_workloads(self) -> None:
+        """``task_queues`` and ``task_routes`` from ``conventions_workloads`` when unset:
+        a durable queue per workload queue plus the default queue (plain tasks), and the
+        router that sends each job to its workload's queue. Set either yourself and it is
+        kept as it is."""
+        conf = self.conf
+        mapping = routing.workloads(conf)
+        if conf.get("task_queues") is None:
+            default = conf.get("task_default_queue") or "celery"
+            conf.task_queues = routing.queues_for({**mapping, "": default})
+        if not conf.get("task_routes"):
+            conf.task_routes = (routing.WorkloadRouter(mapping),)
+
+    @cached_property
     def conventions_settings(self) -> settings.Settings:
         return settings.read(self.conf)
 

@@ -2,7 +2,8 @@
 
 A task declares its *workload* (``email``, ``light``, ``heavy``...), never its queue:
 the mapping from workloads to queues lives in one setting, ``conventions_workloads``,
-and both ``task_routes`` and ``task_queues`` are built from it. Task-level ``queue=``
+and both ``task_routes`` and ``task_queues`` are built from it (by ``App`` itself when
+the configuration sets neither). Task-level ``queue=``
 is deprecated in Celery 5.7, and a queue named in code is a queue nobody may consume.
 """
 

@@ -12,7 +12,6 @@ import os
 
 from conventions import App, Id, JobContext, Payload
 from conventions.config.profile import reliable
-from conventions.jobs import routing
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
 WORKLOADS = {"email": "celery"}  # workload -> a queue your workers already consume
@@ -24,10 +23,7 @@ app.conf.update(
         broker_url=REDIS_URL,
         store_url=os.environ.get("CONVENTIONS_STORE_URL", REDIS_URL),
     ),
-    conventions_workloads=WORKLOADS,
-    task_queues=routing.queues_for(WORKLOADS),
-    task_routes=(routing.WorkloadRouter(WORKLOADS),),
-    task_default_queue="celery",  # Celery's default: your plain tasks stay where they are
+    conventions_workloads=WORKLOADS,  # the app declares their queues and routes
 )
 
 

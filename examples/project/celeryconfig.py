@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 from conventions.config import profile
-from conventions.jobs import routing
 
 BROKER_URL = os.environ.get("EXAMPLE_BROKER_URL", "redis://localhost:6379/0")
 STORE_URL = os.environ.get("EXAMPLE_STORE_URL", "redis://localhost:6379/1")
@@ -25,10 +24,8 @@ WORKLOADS = {"default": "example"}
 globals().update(
     profile.reliable(broker_url=BROKER_URL, store_url=STORE_URL, result_backend=STORE_URL)
 )
-# the project's own: its workloads, and the queues and routes made from them
+# the project's own: its workloads (the app declares their queues and routes)
 conventions_workloads = WORKLOADS
-task_queues = routing.queues_for(WORKLOADS)
-task_routes = (routing.WorkloadRouter(WORKLOADS),)
 
 if os.environ.get("EXAMPLE_THROWAWAY_REDIS"):
     # losing the queues on a restart is fine here: the doctor warns instead of refusing
