@@ -10,9 +10,10 @@ returns at once for a sender of another app:
 - a run (``task_prerun``, ``task_postrun``, ``task_revoked``): ``task.app`` is this app;
 - a worker or beat start (``worker_init``, ``worker_ready``, ``worker_shutdown``,
   ``beat_init``): the sender's app is this app, which then *owns the process*;
-- what Celery sends without an app (``worker_process_init``, ``worker_shutting_down``,
-  ``after_setup_logger``): only the app that owns the process acts (before a start, the
-  current app: beat sets up logging before ``beat_init``).
+- what Celery sends without an app (``worker_shutting_down``, ``after_setup_logger``):
+  only the app that owns the process acts (before a start, the current app: beat sets up
+  logging before ``beat_init``); after a fork (``worker_process_init``) every app forgets
+  its own store, nothing else.
 
 So two apps in one process never run each other's hooks.
 """
@@ -118,8 +119,9 @@ class Wiring:
             lifecycle.on_shutting_down(self.app, how=how)
 
     def process_init(self, sender: Any = None, **_: Any) -> None:
-        if self._runs_here():
-            self.app.reset_store()  # each pool process opens its own connections
+        # every app of a forked pool process forgets its own store (each process opens its
+        # own connections): its own state only, whichever app runs the worker
+        self.app.reset_store()
 
     def beat_init(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
