@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -81,14 +82,19 @@ class Ping(Payload):
     ping_id: Id
 
 
-def _app() -> App:
+@pytest.fixture
+def fresh_app() -> Iterator[App]:
+    """An app configured like the reference one, closed with its store afterwards."""
     app = App("publisher-test", set_as_current=False)
     app.config_from_object("celeryconfig")
-    return app
+    yield app
+    if "_cc_store" in app.__dict__:
+        app.store.close()
+    app.close()
 
 
-def test_a_publisher_is_the_job_itself_when_the_app_declares_it() -> None:
-    app = _app()
+def test_a_publisher_is_the_job_itself_when_the_app_declares_it(fresh_app: App) -> None:
+    app = fresh_app
     contract = Contract("testing.ping.v1", payload=Ping, key="ping:{ping_id}", workload="email")
     publisher = app.publisher(contract)
     assert getattr(publisher, "publisher_only", False) is True
@@ -102,8 +108,8 @@ def test_a_publisher_is_the_job_itself_when_the_app_declares_it() -> None:
     assert not getattr(ping, "publisher_only", False)
 
 
-def test_a_contract_declares_its_publish_options_once() -> None:
-    app = _app()
+def test_a_contract_declares_its_publish_options_once(fresh_app: App) -> None:
+    app = fresh_app
     contract = Contract("testing.ping.v1", payload=Ping, key="ping:{ping_id}", workload="email")
     with pytest.raises(ConfigurationError, match="the contract declares the payload"):
         app.job(contract, payload=Ping)
@@ -115,9 +121,11 @@ def test_a_contract_declares_its_publish_options_once() -> None:
         )
 
 
-def test_a_publisher_whose_body_reaches_a_worker_is_dead_lettered_as_a_bug() -> None:
+def test_a_publisher_whose_body_reaches_a_worker_is_dead_lettered_as_a_bug(
+    fresh_app: App,
+) -> None:
     """A worker with the contract and no body (the wrong -A): the job is kept, and says why."""
-    app = _app()
+    app = fresh_app
     app.conf.task_always_eager = True  # the real run path, in process
     contract = Contract("testing.orphan.v1", payload=Ping, key="orphan:{ping_id}", workload="email")
     publisher = app.publisher(contract)
