@@ -22,11 +22,11 @@ from conventions.config.capacity import check_uses
 from conventions.errors import ConfigurationError
 from conventions.jobs import routing
 from conventions.jobs.backoff import Backoff
-from conventions.jobs.contract import Contract
+from conventions.jobs.contract import Contract, KeyTemplate
 from conventions.jobs.decisions import DEFAULT_TABLE, Decision, DecisionTable
 from conventions.jobs.payloads import Payload
 from conventions.store import Store, open_store
-from conventions.task import ConventionTask, KeyTemplate, template_fields
+from conventions.task import ConventionTask, template_fields
 from conventions.tracing.headers import READY
 from conventions.worker import job_context as joblib
 from conventions.worker.wiring import Wiring

@@ -27,6 +27,7 @@ from conventions.capacity import backpressure
 from conventions.config.settings import Settings
 from conventions.errors import ConfigurationError, KeyConflict, PayloadError
 from conventions.jobs.backoff import Backoff
+from conventions.jobs.contract import KeyTemplate
 from conventions.jobs.decisions import DEFAULT_TABLE, DecisionTable
 from conventions.jobs.payloads import Payload
 from conventions.observability import audit
@@ -40,8 +41,6 @@ from conventions.tracing.headers import READY
 from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from conventions.worker import delivery as runner
-
-KeyTemplate = str | Callable[[Any], str]
 
 logger = logging.getLogger("conventions.task")
 

@@ -25,6 +25,7 @@ profile's. Every setting is explained in ``docs/reference/settings.md``.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -234,20 +235,8 @@ def _base(
         "broker_url": broker_url,
         "conventions_store_url": store_url,
         "conventions_publish_timeout": timeout,
-        # -- promises (see promises())
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        "worker_consumer": CONSUMER,
-        "task_create_missing_queues": False,
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "accept_content": list(JSON),
-        "result_accept_content": list(JSON),
-        "worker_cancel_long_running_tasks_on_connection_loss": False,
         # -- a bounded publish: one retry (a stale pooled connection), then the error
         "task_publish_retry": True,
-        "task_publish_retry_policy": _retry(1),
         "broker_connection_timeout": timeout,
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {},
@@ -265,7 +254,6 @@ def _base(
         "timezone": "UTC",
     }
     if is_redis(broker_url):
-        conf["broker_transport"] = INBOX_TRANSPORT
         conf["broker_transport_options"] = {
             "visibility_timeout": visibility,
             # one list per queue: a worker reading one queue blocks on it
@@ -278,11 +266,13 @@ def _base(
     results = result_backend or (broker_url if is_redis(broker_url) else None)
     if results:
         conf["result_backend"] = f"{RESULT_BACKEND}+{results}" if is_redis(results) else results
-        conf["result_backend_always_retry"] = True
     if is_redis(results):
-        conf["redis_socket_timeout"] = timeout
         conf["redis_socket_connect_timeout"] = timeout
-        conf["result_backend_transport_options"] = {"retry_policy": _retry(0)}
+    # every promise's own value: promises() is the one list, which the doctor reads too
+    # (the broker's socket timeouts, kept inside its options, are set above)
+    for promise in promises(conf):
+        if promise.option is None:
+            conf.setdefault(promise.key, copy.deepcopy(promise.value))
     return conf
 
 

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import redis
 from kombu.exceptions import OperationalError
 
-from conventions.config.profile import publish_timeout
+from conventions.config.profile import INBOX_TRANSPORT, publish_timeout
 from conventions.errors import BackendUnavailable
 from conventions.store.records import AuditEvent
 from conventions.store.redis import RedisStore
@@ -77,7 +77,7 @@ def _same_server(conf: Any, store: Any) -> bool:
     if not isinstance(store, RedisStore) or conf.get("task_always_eager"):
         return False
     transport = conf.get("broker_transport")
-    if not (transport == broker.INBOX_TRANSPORT or transport is broker.Transport):
+    if not (transport == INBOX_TRANSPORT or transport is broker.Transport):
         return False
     written = conf.get("broker_write_url") or conf.get("broker_url")
     if not isinstance(written, str) or ";" in written:  # a failover list: in doubt

@@ -68,8 +68,6 @@ from conventions.transport.envelope import UNPARSEABLE
 
 logger = logging.getLogger("conventions.transport.redis")
 
-#: how ``broker_transport`` names this transport
-INBOX_TRANSPORT = "conventions.transport.redis:Transport"
 #: the hash of every inbox (field) and the queue list it was filled from (value)
 INBOXES = "_cc.inboxes"
 #: when a sweep first found each inbox of a gone consumer empty (server time, seconds)

@@ -19,6 +19,7 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Queue
 
+from conventions.config.profile import INBOX_TRANSPORT
 from conventions.errors import ConfigurationError
 from conventions.transport import redis as broker
 from tests.conftest import BROKER_DB, REDIS_BASE
@@ -32,7 +33,7 @@ OPTIONS = {"priority_steps": [0], "inbox_timeout": 5, "polling_interval": 2}
 
 @pytest.fixture
 def connection(services: None) -> Iterator[Connection]:
-    with Connection(URL, transport=broker.INBOX_TRANSPORT, transport_options=OPTIONS) as c:
+    with Connection(URL, transport=INBOX_TRANSPORT, transport_options=OPTIONS) as c:
         yield c
 
 
@@ -46,7 +47,7 @@ def queue() -> Queue:
 def blocked_consumer(queue: Queue, options: dict[str, Any]) -> Iterator[tuple[Any, str]]:
     """A consumer of ``queue`` on a connection of its own that has sent its blocking
     fetch, as kombu's poller sends it, and whose reply nobody reads unless a test does."""
-    with Connection(URL, transport=broker.INBOX_TRANSPORT, transport_options=options) as own:
+    with Connection(URL, transport=INBOX_TRANSPORT, transport_options=options) as own:
         channel = own.channel()
         Consumer(channel, [queue], on_message=lambda message: None).consume()
         channel.client.connection = channel.client.connection_pool.get_connection()
@@ -124,7 +125,7 @@ def test_a_dead_consumers_empty_inbox_is_forgotten_only_after_inbox_timeout(
 def test_an_inbox_timeout_not_well_above_the_block_time_is_refused_at_setup(
     services: None, options: dict[str, Any], complaint: str
 ) -> None:
-    own = Connection(URL, transport=broker.INBOX_TRANSPORT, transport_options=options)
+    own = Connection(URL, transport=INBOX_TRANSPORT, transport_options=options)
     with own, pytest.raises(ConfigurationError, match=complaint):
         own.default_channel  # noqa: B018  (the channel is made on first use)
 
@@ -137,7 +138,7 @@ def test_a_broker_that_refuses_client_reply_stops_the_fetch_with_the_fix(
                       commands=["+@all", "-client|reply"])  # fmt: skip
     try:
         url = URL.replace("redis://", f"redis://{user}:x@", 1)
-        with Connection(url, transport=broker.INBOX_TRANSPORT, transport_options=OPTIONS) as own:
+        with Connection(url, transport=INBOX_TRANSPORT, transport_options=OPTIONS) as own:
             channel = own.channel()
             Consumer(channel, [queue], on_message=lambda message: None).consume()
             channel.client.connection = channel.client.connection_pool.get_connection()
