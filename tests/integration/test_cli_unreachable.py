@@ -15,19 +15,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.fixtures import ROOT, unavailable
 from tests.integration.helpers import SpareRedis
 
-ROOT = Path(__file__).resolve().parents[2]
 #: the exit status of "a backend did not answer" (docs/reference/cli.md)
 UNREACHABLE = 3
 #: a hang guard only: with --timeout 1 each command answers in a few seconds
 HANG_GUARD = 30.0
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server")
+
+@pytest.fixture(autouse=True, scope="module")
+def redis_server() -> None:
+    """These tests stop and freeze Redis servers of their own: ``redis-server`` is needed
+    (skipped on a laptop without it, a failure in CI: ``unavailable``)."""
+    if shutil.which("redis-server") is None:
+        unavailable("redis-server (a Redis of the test's own)", FileNotFoundError("redis-server"))
 
 
 @pytest.fixture(scope="module")

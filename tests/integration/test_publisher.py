@@ -124,13 +124,26 @@ def test_a_contract_declares_its_publish_options_once(fresh_app: App) -> None:
 def test_a_publisher_whose_body_reaches_a_worker_is_dead_lettered_as_a_bug(
     fresh_app: App,
 ) -> None:
-    """A worker with the contract and no body (the wrong -A): the job is kept, and says why."""
+    """A worker with the contract and no body (the wrong -A): the job is kept, and says why.
+    A real worker of an app that has only the publisher, on a queue of its own."""
+    from celery.contrib.testing.worker import start_worker
+
     app = fresh_app
-    app.conf.task_always_eager = True  # the real run path, in process
-    contract = Contract("testing.orphan.v1", payload=Ping, key="orphan:{ping_id}", workload="email")
+    # the app declares the lane's queue and route itself (no task_queues, no task_routes)
+    app.conf.update(
+        conventions_workloads={"orphan": "orphan-lane"}, task_queues=None, task_routes=None
+    )
+    contract = Contract(
+        "testing.orphan.v1", payload=Ping, key="orphan:{ping_id}", workload="orphan"
+    )
     publisher = app.publisher(contract)
-    handle = publisher.delay(ping_id=f"p_{uuid.uuid4().hex[:8]}")
-    record = wait_for(lambda: dead_letter_of(handle.id), timeout=10)
+    with start_worker(
+        app, pool="threads", concurrency=1, queues=["orphan-lane"],
+        perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
+    ):  # fmt: skip
+        handle = publisher.delay(ping_id=f"p_{uuid.uuid4().hex[:8]}")
+        record = wait_for(lambda: dead_letter_of(handle.id), timeout=30)
     assert record.category is Category.BUG
+    assert record.queue == "orphan-lane"
     assert record.exc_type.endswith("ConfigurationError")
     assert "has its contract but not its body" in record.traceback
