@@ -1,0 +1,112 @@
+"""Where the layer's Redis transport keeps time and liveness, and how to read it.
+
+One module names every key the transport writes beside kombu's own (the queue lists,
+``unacked`` and ``unacked_index``), so that the transport, the queues view, the exporter,
+the doctor and the tests agree on them. Readers here are for operators' views: a few
+commands each, never on a job's path.
+
+* ``_cc.delayed.<queue>``: sorted set of the messages of ``queue`` not yet due; score =
+  due time (Unix seconds, float), member = ``<list key>`` + ``"\\n"`` + the serialized
+  kombu message (a JSON text has no raw newline). The list key is the queue's list, or
+  kombu's priority list of the queue. Moved into that list when due.
+* ``_cc.consumers``: sorted set of consumers; score = the time (Unix seconds, Redis clock)
+  until which the consumer is alive. A live consumer pushes it forward; one whose score
+  is in the past is dead, and what it held is given back.
+* ``_cc.consumer.<id>``: hash describing one consumer: ``queues`` (comma-separated queue
+  names), ``host``, ``pid``, ``since`` (Unix seconds).
+* ``_cc.inboxes``: hash of every inbox (field) and the list it was filled from (value);
+  ``_cc.inbox.<consumer>:<list>`` is one inbox.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kombu.utils.encoding import bytes_to_str
+
+DELAYED = "_cc.delayed.{queue}"
+CONSUMERS = "_cc.consumers"
+CONSUMER = "_cc.consumer.{consumer}"
+INBOXES = "_cc.inboxes"
+INBOX = "_cc.inbox.{consumer}:{source}"
+#: kombu's priority lists are ``<queue><sep><priority>``
+PRIORITY_SEP = "\x06\x16"
+
+
+def queue_of(source: str) -> str:
+    """The queue a list belongs to (a priority list's queue, or the list itself)."""
+    return source.split(PRIORITY_SEP, 1)[0]
+
+
+@dataclass(frozen=True)
+class Delayed:
+    """What a queue's delayed set holds."""
+
+    count: int
+    #: due time of the next message (Unix seconds), None when the set is empty
+    next_due: float | None
+
+
+def delayed(client: Any, queue: str) -> Delayed:
+    """How many messages of ``queue`` wait for their due time, and the next one's."""
+    key = DELAYED.format(queue=queue)
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(key)
+    pipe.zrange(key, 0, 0, withscores=True)
+    count, first = pipe.execute()
+    return Delayed(int(count), float(first[0][1]) if first else None)
+
+
+def server_now(client: Any) -> float:
+    """Redis' clock (Unix seconds): the one liveness scores are compared with."""
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1_000_000
+
+
+def consumers_alive(client: Any) -> dict[str, int]:
+    """Live consumers per queue, from their liveness scores and descriptions."""
+    alive = [bytes_to_str(c) for c in client.zrangebyscore(CONSUMERS, server_now(client), "+inf")]
+    if not alive:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for consumer in alive:
+        pipe.hget(CONSUMER.format(consumer=consumer), "queues")
+    counts: dict[str, int] = {}
+    for queues in pipe.execute():
+        for queue in filter(None, bytes_to_str(queues or b"").split(",")):
+            counts[queue] = counts.get(queue, 0) + 1
+    return counts
+
+
+def in_inboxes_by_queue(client: Any) -> dict[str, int]:
+    """Messages fetched into inboxes and not yet claimed or given back, per queue."""
+    registry = {bytes_to_str(k): bytes_to_str(v) for k, v in client.hgetall(INBOXES).items()}
+    if not registry:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for inbox in registry:
+        pipe.llen(inbox)
+    counts: dict[str, int] = {}
+    for source, length in zip(registry.values(), pipe.execute(), strict=True):
+        if length:
+            counts[queue_of(source)] = counts.get(queue_of(source), 0) + int(length)
+    return counts
+
+
+def in_flight_by_queue(client: Any, unacked_key: str = "unacked") -> dict[str, int]:
+    """Messages claimed by a consumer and not yet acknowledged, per queue (kombu's
+    unacked hash: ``[message, exchange, routing key]``; the routing key names the queue
+    for the layer's direct routes)."""
+    counts: dict[str, int] = {}
+    for _, raw in client.hscan_iter(unacked_key, count=500):
+        try:
+            message, _exchange, routing_key = json.loads(raw)
+            queue = (message.get("properties") or {}).get("delivery_info", {}).get(
+                "routing_key"
+            ) or routing_key
+        except (ValueError, TypeError, AttributeError):
+            queue = "?"
+        counts[str(queue)] = counts.get(str(queue), 0) + 1
+    return counts
