@@ -33,6 +33,15 @@ def _own_redis_db(db: int) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(f"{REDIS_BASE}/{db}", decode_responses=True)
     try:
         client.ping()
+    except redis.ResponseError as exc:
+        client.close()
+        if "out of range" not in str(exc):
+            raise
+        # a server with fewer databases than the number asked for: not a missing service
+        pytest.fail(
+            f"Redis database {db} does not exist on {REDIS_BASE} ({exc}): choose another "
+            "TEST_BROKER_DB / TEST_STORE_DB, or start redis-server with more --databases"
+        )
     except redis.RedisError as exc:
         client.close()
         unavailable("Redis", exc)
