@@ -28,6 +28,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "flower": ("flower",),
     "metrics": ("prometheus_client",),
     "django": ("django", "sqlalchemy", "psycopg"),
+    "testing": ("pytest", "sqlalchemy"),
 }
 
 

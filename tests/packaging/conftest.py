@@ -32,6 +32,7 @@ OPTIONAL = (
     "tornado",
     "prometheus_client",
     "django",
+    "pytest",
 )
 #: variables of this suite (or of a developer's shell) that must not reach the venv's
 #: processes: they would point them at the repository or at the reference app's settings

@@ -36,6 +36,7 @@ EXTRAS = {
     "flower": {"flower"},
     "metrics": {"prometheus-client"},
     "django": {"django", "sqlalchemy", "psycopg"},
+    "testing": {"pytest", "sqlalchemy"},
 }
 
 

@@ -1,0 +1,74 @@
+"""A real worker for integration tests: Celery's own, in a thread, on Redis the test owns.
+
+``real_worker(app, broker_url=..., store_url=...)`` points the app at two Redis
+databases the test owns (emptied first and last), starts
+``celery.contrib.testing.worker.start_worker`` (a thread pool in this process, on every
+queue of the app's workloads: no Docker, no subprocess) and stops it cleanly on the way
+out, the app's settings put back as they were. Jobs then go through the real broker,
+transport, consumer and result backend: what the in-process kit stands in for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from conventions.testing.isolation import empty_redis, forget
+
+
+def _queues(app: Any) -> list[str]:
+    return sorted(set(app.amqp.queues))
+
+
+@contextlib.contextmanager
+def real_worker(
+    app: Any,
+    *,
+    broker_url: str,
+    store_url: str,
+    concurrency: int = 2,
+    queues: list[str] | None = None,
+    shutdown_timeout: float = 20.0,
+) -> Iterator[Any]:
+    """Run a thread worker of ``app`` on ``broker_url`` with the store (and the results)
+    at ``store_url``; yields Celery's worker controller."""
+    from celery.contrib.testing.worker import start_worker
+
+    conf = app.conf
+    levels = dict(conf.get("conventions_doctor_levels") or {})
+    # the test's Redis databases are throwaway by definition: said, not refused
+    levels.setdefault("redis-no-persistence", "warning")
+    overrides: dict[str, Any] = {
+        "broker_url": broker_url,
+        "broker_read_url": None,
+        "broker_write_url": None,
+        "result_backend": f"conventions.transport.results:RedisBackend+{store_url}",
+        "conventions_store_url": store_url,
+        "conventions_doctor_levels": levels,
+        "task_always_eager": False,
+    }
+    saved = {name: conf.get(name) for name in overrides}
+    for url in (broker_url, store_url):
+        empty_redis(url)
+    forget(app)
+    conf.update(overrides)
+    try:
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=concurrency,
+            queues=queues or _queues(app),
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=shutdown_timeout,
+        ) as worker:
+            yield worker
+    finally:
+        store = app.__dict__.get("_cc_store")
+        if store is not None:
+            store.close()
+        conf.update(saved)
+        forget(app)
+        for url in (broker_url, store_url):
+            empty_redis(url)
