@@ -30,7 +30,7 @@ PROJECT = ROOT / "examples" / "testkit"
 HOWTO = ROOT / "docs" / "howto" / "test-your-jobs.md"
 #: what the suite's own processes set that must not reach the project's
 LEAKY_PREFIXES = ("CELERY", "CONVENTIONS_", "SHOP_", "CC_TEST_", "PYTEST_ADDOPTS")
-LEAKY = {"REDIS_URL", "DATABASE_URL", "SENTRY_DSN"}
+LEAKY = {"REDIS_URL", "DATABASE_URL", "SENTRY_DSN", "DJANGO_SETTINGS_MODULE"}
 RECEIPTS = "tasks/receipts.py"
 
 
