@@ -17,8 +17,11 @@ every setting that differs from Celery's default is listed with its reason in
 * ``SENTRY_DSN``: Sentry, when set;
 * ``CONVENTIONS_LOG_FORMAT``: the worker's log lines, ``text`` (default) or ``json``;
 * ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``);
-* ``CONVENTIONS_VISIBILITY_TIMEOUT``: overrides the Redis visibility timeout (seconds; tests
-  shorten it to prove that a redelivered long job does not run twice).
+* ``CONVENTIONS_RECOVERY_TIMEOUT``: seconds after which a worker that died whole has its
+  jobs given back (default 30, at most 60; a live worker renews them however long they run);
+* ``CONVENTIONS_VISIBILITY_TIMEOUT``: test only: turns the renewal off and makes this the
+  Redis visibility timeout again (seconds; tests shorten it to prove that a redelivered
+  long job does not run twice).
 * ``CONVENTIONS_SHUTDOWN_GRACE``: seconds running jobs get after SIGTERM (per worker lane);
 * ``CONVENTIONS_METRICS_ADDR``: where the metrics exporter listens (default ``127.0.0.1``);
 * ``CONVENTIONS_DOCTOR_LEVELS``: ``code=level,...`` lowers (or raises) a doctor check;
@@ -26,10 +29,12 @@ every setting that differs from Celery's default is listed with its reason in
   pause between chunks (seconds) that keeps it gentle on the shop database.
 * ``CONVENTIONS_SCHEDULE``: ``module:attribute`` of the schedule entries beat sends and the
   watchdog checks (default: ``SCHEDULE`` below);
-* ``CONVENTIONS_CLOCK_OFFSET_SECONDS``: test only, shifts the schedules' clock.
+* ``CONVENTIONS_CLOCK_OFFSET_SECONDS``: test only, shifts the schedules' clock and the clock
+  the broker's delayed sets are moved by.
 * ``CONVENTIONS_UNACKED_RESTORE_INTERVAL``, ``CONVENTIONS_UNACKED_MUTEX_EXPIRE``: how often
-  (seconds) kombu sweeps a dead worker's unacked messages back, and how long a worker killed
-  mid-sweep holds the sweep's mutex (kombu: ~100 s and 300 s; the chaos tests shorten both).
+  (seconds) a worker without renewal sweeps a dead worker's unacked messages back, and how
+  long a worker killed mid-sweep holds the sweep's mutex (the profile: a third of the
+  recovery timeout each).
 """
 
 from __future__ import annotations
@@ -54,12 +59,12 @@ EMBEDDED = _env.get("CELERY_BROKER_URL", "").startswith("filesystem")
 WORKLOADS = {"email": "email", "light": "email", "heavy": "heavy"}
 #: hard time limits per workload (seconds); soft limits sit 10% below
 WORKLOAD_TIME_LIMITS = {"email": 60.0, "light": 60.0, "heavy": 1800.0}
-#: longest retry delay (the backoff cap) and longest time limit decide the visibility
-LONGEST_RETRY_DELAY = 600.0
-VISIBILITY_TIMEOUT = int(
-    _env.get("CONVENTIONS_VISIBILITY_TIMEOUT")
-    or int(max(WORKLOAD_TIME_LIMITS.values()) + LONGEST_RETRY_DELAY) * 2
-)
+#: a worker that died whole has its jobs running again this long after (seconds); the
+#: heavy lane's 30-minute jobs are renewed by their live worker, never delivered twice
+RECOVERY_TIMEOUT = float(_env.get("CONVENTIONS_RECOVERY_TIMEOUT") or 30)
+#: test only: the visibility timeout as the recovery clock (no renewal), to force a
+#: running job's redelivery
+VISIBILITY_TIMEOUT = _env.get("CONVENTIONS_VISIBILITY_TIMEOUT")
 
 # -- broker options beyond the profile's ---------------------------------------------------
 _transport: dict[str, Any] = {}
@@ -72,6 +77,8 @@ if EMBEDDED:
         "data_folder_out": str(_queue_dir / "out"),
         "processed_folder": str(_queue_dir / "processed"),
         "store_processed": False,
+        # kombu's default is ./control, in whatever folder the process started
+        "control_folder": str(_queue_dir / "control"),
     }
     (DATA_DIR / "results").mkdir(parents=True, exist_ok=True)
 if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_RESTORE_INTERVAL"):
@@ -79,6 +86,10 @@ if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_RESTORE_INTERVAL"):
     _transport["unacked_restore_throttle"] = 1  # every interval, not every 10th
 if not EMBEDDED and _env.get("CONVENTIONS_UNACKED_MUTEX_EXPIRE"):
     _transport["unacked_mutex_expire"] = int(_env["CONVENTIONS_UNACKED_MUTEX_EXPIRE"])
+if not EMBEDDED and VISIBILITY_TIMEOUT:
+    _transport["renew_unacked"] = False
+if not EMBEDDED and _env.get("CONVENTIONS_CLOCK_OFFSET_SECONDS"):
+    _transport["clock_offset"] = float(_env["CONVENTIONS_CLOCK_OFFSET_SECONDS"])
 
 # -- the reliable profile (conventions.config.profile; docs/reference/settings.md) ---------
 # late acks, reject on worker lost, prefetch 1, JSON only, the layer's transport and result
@@ -91,9 +102,10 @@ globals().update(
         or (f"sqlite:///{DATA_DIR / 'store.sqlite3'}" if EMBEDDED else REDIS_URL),
         result_backend=_env.get("CELERY_RESULT_BACKEND")
         or (f"file://{DATA_DIR / 'results'}" if EMBEDDED else REDIS_URL),
-        visibility_timeout=VISIBILITY_TIMEOUT,
+        recovery_timeout=RECOVERY_TIMEOUT,
+        visibility_timeout=float(VISIBILITY_TIMEOUT) if VISIBILITY_TIMEOUT else None,
         # the tests shorten the visibility timeout below the time limits on purpose
-        allow={"visibility_timeout"} if _env.get("CONVENTIONS_VISIBILITY_TIMEOUT") else (),
+        allow={"visibility_timeout"} if VISIBILITY_TIMEOUT else (),
         broker_transport_options=_transport,
     )
 )

@@ -1,7 +1,7 @@
 """``python -m bench [SECTION ...] [--quick]``: the benchmarks against raw Celery and peers.
 
 Sections (all by default, in this order): ``publish``, ``drain``, ``options``,
-``latency``, ``transport``, ``peers``, ``growth``, ``store``, ``profile``. Every
+``latency``, ``transport``, ``idle``, ``peers``, ``growth``, ``store``, ``profile``. Every
 comparison is interleaved (A B A B ..., at least 5 rounds) and reported as the median of
 its per-round ratios: the machines are shared and noisy, absolute times are not.
 ``--quick`` shrinks every size (a few minutes); the full run takes about 15. The results
@@ -23,6 +23,7 @@ SECTIONS = (
     "options",
     "latency",
     "transport",
+    "idle",
     "peers",
     "growth",
     "store",
@@ -90,7 +91,8 @@ def main(argv: list[str]) -> int:
     common.use_bench_env()
     import redis
 
-    from bench import drain, growth, growth_store, latency, peers, profile, publish, transport
+    from bench import drain, growth, growth_store, idle, latency, peers, profile, publish
+    from bench import transport as transport_section
     from bench.report import Report
 
     sizes = QUICK if args.quick else FULL
@@ -102,7 +104,10 @@ def main(argv: list[str]) -> int:
         "drain": lambda: drain.section(report, client, n=sizes.drain, rounds=rounds),
         "options": lambda: drain.options_section(report, client, n=sizes.options, rounds=rounds),
         "latency": lambda: latency.section(report, client, samples=sizes.latency),
-        "transport": lambda: transport.section(report, client, n=sizes.options, rounds=rounds),
+        "transport": lambda: transport_section.section(
+            report, client, n=sizes.options, rounds=rounds
+        ),
+        "idle": lambda: idle.section(report, client, seconds=5 if args.quick else 10),
         "peers": lambda: peers.section(report, client, n=sizes.peers, rounds=rounds),
         "growth": lambda: growth.section(
             report, client, size=sizes.backlog, n=sizes.growth, rounds=rounds

@@ -45,6 +45,8 @@ class Row:
             return f"{self.value:.2f}x"
         if self.unit == "ms":
             return f"{self.value:.2f} ms"
+        if self.unit in ("cmd/s", "cmd"):
+            return f"{self.value:.1f} {self.unit}"
         return f"{self.value:,.0f} {self.unit}"
 
 

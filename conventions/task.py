@@ -304,10 +304,12 @@ class ConventionTask(Task):  # type: ignore[misc]
         return self.settings.ledger_keep  # "until_done": released at the end, bounded
 
     def _check_delay(self, options: dict[str, Any]) -> None:
-        """Refuse a delay beyond the broker's safe maximum; ``eta`` is read as Celery's
-        worker reads it (an ISO 8601 string or a datetime, naive meaning UTC) and passed
-        on as an aware datetime. An ``eta`` Celery cannot read is refused here: its worker
-        would reject the message (InvalidTaskError) and the job would be lost."""
+        """Refuse a delay beyond the broker's safe maximum (a year through the layer's
+        Redis transport, whose delayed sets hold it; below the visibility timeout on
+        kombu's own); ``eta`` is read as Celery's worker reads it (an ISO 8601 string or
+        a datetime, naive meaning UTC) and passed on as an aware datetime. An ``eta``
+        Celery cannot read is refused here: its worker would reject the message
+        (InvalidTaskError) and the job would be lost."""
         countdown = options.get("countdown")
         if options.get("eta") is not None:
             options["eta"] = eta = self._eta_moment(options["eta"])
@@ -316,9 +318,9 @@ class ConventionTask(Task):  # type: ignore[misc]
         if countdown is not None and float(countdown) > limit:
             raise ConfigurationError(
                 f"{self.name}: a countdown of {float(countdown):.0f}s is beyond the broker's "
-                f"safe maximum of {limit:.0f}s (Redis redelivers unacked ETA messages after "
-                "the visibility timeout): raise broker_transport_options['visibility_timeout'] "
-                "or schedule the job later with beat"
+                f"safe maximum of {limit:.0f}s (a worker holds a message not yet due, and "
+                "kombu's Redis transport redelivers it after the visibility timeout): use the "
+                "layer's Redis transport (any delay up to a year), or schedule the job with beat"
             )
 
     def _eta_moment(self, eta: Any) -> datetime:

@@ -4,10 +4,13 @@
                               [--outbox-lag MODULE:FUNC]
     conventions queues [--json] [--watch] [--interval 2] [--count N]
 
-``queues`` prints one row per queue: depth, the oldest waiting job's age, its SLO, the
-workers consuming it, and (from the second frame of ``--watch`` on) the rates of jobs
-published into it and finished out of it, from the store's counters. It reads the
-broker's Redis with the group's ``--timeout`` and exits 3 when it does not answer.
+``queues`` prints one row per queue: depth (jobs waiting), the oldest waiting job's age
+(counted from when it became due), its SLO; with the layer's Redis transport, the jobs
+not yet due (delayed) and when the next one is, the jobs in flight and in inboxes; the
+workers consuming it, and those whose sign of life is fresh; and (from the second frame
+of ``--watch`` on) the rates of jobs published into it and finished out of it, from the
+store's counters. It reads the broker's Redis with the group's ``--timeout`` and exits 3
+when it does not answer.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from conventions.cli import backends
 from conventions.cli.base import REFUSED, Failure, Group, command, options_of
 from conventions.observability import queues
 from conventions.ops import exporter as metrics
+from conventions.ops import transport_view
 from conventions.store import counts
 
 #: the events that take a job out of its queue's work for good (the "out" rate)
@@ -84,10 +88,10 @@ def _broker_client(app: Any, timeout: float) -> redis.Redis | None:
 @click.option("--interval", type=float, default=2.0, metavar="SECONDS", show_default=True)
 @click.option("--count", type=int, default=0, metavar="N", help="stop after N frames")
 def queues_command(app: Any, as_json: bool, watch: bool, interval: float, count: int) -> int:
-    """Depth, oldest job, consumers and rates of every queue."""
+    """Depth, oldest job, delayed, in flight, consumers and rates of every queue."""
     client = _broker_client(app, options_of(click.get_current_context()).timeout)
     try:
-        reader = queues.from_app(app, client=client)
+        reader = transport_view.broker_reader(app, client=client)
     except ValueError as exc:
         raise Failure(str(exc), REFUSED) from exc
     task_queues = metrics.queue_of_tasks(app)
@@ -164,6 +168,14 @@ def _row(
     return row
 
 
+def _span(seconds: float) -> str:
+    """``45s``, ``12m``, ``5h``, ``7d``: the largest unit that counts two or more."""
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if abs(round(seconds / size)) >= 2:
+            return f"{round(seconds / size)}{unit}"
+    return f"{seconds:.0f}s"
+
+
 def _age(seconds: float | None, source: str) -> str:
     if seconds is None:
         return "-" if source == "empty" else "?"
@@ -175,25 +187,40 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+#: the columns of ``queues``, one word each (a script may split a line on spaces)
+HEADER = ("QUEUE", "DEPTH", "OLDEST", "SLO", "DELAYED", "NEXT_DUE", "IN_FLIGHT", "INBOXES",
+          "CONSUMERS", "ALIVE", "IN/S", "OUT/S")  # fmt: skip
+
+
+def _cells(row: dict[str, Any]) -> tuple[str, ...]:
+    age = _age(row["oldest_age"], row["age_source"])
+    late = row["oldest_age"] is not None and row["slo"] and row["oldest_age"] > row["slo"]
+    due = row.get("next_due_in")
+    return (
+        row["queue"],
+        str(row["depth"]),
+        f"{age} !" if late else age,
+        f"{row['slo']:.0f}s" if row["slo"] else "-",
+        _count(row.get("delayed")),
+        "-" if due is None else _span(due),
+        _count(row.get("in_flight")),
+        _count(row.get("in_inboxes")),
+        "?" if row["consumers"] is None else str(row["consumers"]),
+        _count(row.get("consumers_alive")),
+        _rate(row["in_per_s"]),
+        _rate(row["out_per_s"]),
+    )
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    """The terminal table of ``queues``; an age over its SLO is marked ``!``."""
-    header = ("QUEUE", "DEPTH", "OLDEST", "SLO", "CONSUMERS", "IN/S", "OUT/S")
-    lines = [header]
-    for row in rows:
-        age = _age(row["oldest_age"], row["age_source"])
-        late = row["oldest_age"] is not None and row["slo"] and row["oldest_age"] > row["slo"]
-        lines.append(
-            (
-                row["queue"],
-                str(row["depth"]),
-                f"{age} !" if late else age,
-                f"{row['slo']:.0f}s" if row["slo"] else "-",
-                "?" if row["consumers"] is None else str(row["consumers"]),
-                _rate(row["in_per_s"]),
-                _rate(row["out_per_s"]),
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    """The terminal table of ``queues``; an age over its SLO is marked ``!``, and a next
+    due time in the past (a delayed job nobody moved yet) is negative."""
+    lines = [HEADER, *(_cells(row) for row in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
     return "\n".join(
         "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
                   enumerate(zip(line, widths, strict=True))).rstrip()

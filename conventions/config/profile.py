@@ -40,8 +40,12 @@ from conventions.errors import ConfigurationError
 #: answers after this (twice this when the result backend is that server too: Celery's
 #: result subscription tries to reconnect once)
 PUBLISH_TIMEOUT = 5.0
-#: kombu's Redis visibility timeout when none is given (seconds)
+#: kombu's Redis visibility timeout when none is given (seconds): the recovery clock of
+#: kombu's own Redis transport only
 VISIBILITY_TIMEOUT = 3600.0
+#: seconds after which a dead consumer's jobs are given back by the layer's transport
+#: (a live one renews them: a job may run for hours); at most 36 (a bound of 60)
+RECOVERY_TIMEOUT = 30.0
 #: the layer's Redis transport: a fetch that cannot lose a message
 #: (:mod:`conventions.transport.redis`, named here: ``config`` sits below ``transport``)
 INBOX_TRANSPORT = "conventions.transport.redis:Transport"
@@ -192,7 +196,8 @@ def reliable(
     store_url: str,
     result_backend: str | None = None,
     publish_timeout: float = PUBLISH_TIMEOUT,
-    visibility_timeout: float = VISIBILITY_TIMEOUT,
+    recovery_timeout: float = RECOVERY_TIMEOUT,
+    visibility_timeout: float | None = None,
     allow: Iterable[str] = (),
     **overrides: Any,
 ) -> dict[str, Any]:
@@ -202,14 +207,18 @@ def reliable(
     unset, the broker's URL when it is Redis, else no result backend.
     ``publish_timeout``: seconds before a ``.delay()`` whose broker or store does not
     answer raises ``BackendUnavailable``.
-    ``visibility_timeout``: Redis redelivers an unacked message after it; keep it above
-    the longest time limit plus the longest retry delay. ``overrides``: any setting of
+    ``recovery_timeout``: seconds (at most 36) after which a worker that died whole has
+    its jobs given back; a live worker renews them, whatever they take. Its messages not
+    yet due wait in Redis (any countdown works). ``visibility_timeout``: only for a
+    transport that does not renew (``broker_transport_options['renew_unacked']=False``,
+    or kombu's own): Redis redelivers an unacked message after it, so keep it above the
+    longest time limit plus the longest retry delay. ``overrides``: any setting of
     the profile by its name (a ``broker_transport_options`` mapping is merged into the
     profile's); a setting that breaks a promise, or that the profile does not have, is
     a ``ConfigurationError`` unless its name is in ``allow``.
     """
     conf = _base(broker_url, store_url, result_backend, float(publish_timeout),
-                 float(visibility_timeout))  # fmt: skip
+                 recovery=float(recovery_timeout), visibility=visibility_timeout)  # fmt: skip
     allowed = set(allow)
     for key, value in overrides.items():
         if key not in conf and key not in allowed:
@@ -228,8 +237,8 @@ def reliable(
 
 
 def _base(
-    broker_url: str, store_url: str, result_backend: str | None, timeout: float,
-    visibility: float,
+    broker_url: str, store_url: str, result_backend: str | None, timeout: float, *,
+    recovery: float, visibility: float | None,
 ) -> dict[str, Any]:  # fmt: skip
     conf: dict[str, Any] = {
         "broker_url": broker_url,
@@ -255,14 +264,19 @@ def _base(
     }
     if is_redis(broker_url):
         conf["broker_transport_options"] = {
-            "visibility_timeout": visibility,
+            # a dead worker's in-flight and fetched messages go back after this; a live
+            # worker renews them (the layer's transport sets its visibility timeout to it)
+            "recovery_timeout": recovery,
+            # the sweep's mutex, left by a worker killed mid-sweep, lapses within a beat
+            "unacked_mutex_expire": max(1, int(recovery / 3)),
+            "unacked_restore_interval": max(1, int(recovery / 3)),
             # one list per queue: a worker reading one queue blocks on it
             "priority_steps": [0],
-            # a killed worker's in-flight fetch goes back to its queue after this
-            "inbox_timeout": min(60.0, visibility),
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
         }
+        if visibility is not None:  # the recovery clock of a transport that does not renew
+            conf["broker_transport_options"]["visibility_timeout"] = float(visibility)
     results = result_backend or (broker_url if is_redis(broker_url) else None)
     if results:
         conf["result_backend"] = f"{RESULT_BACKEND}+{results}" if is_redis(results) else results
@@ -285,17 +299,27 @@ def _unknown(key: str, conf: Mapping[str, Any]) -> str:
     )
 
 
+def renews(conf: Mapping[str, Any]) -> bool:
+    """Whether the broker's transport renews a running job's message (the layer's Redis
+    transport, unless ``renew_unacked`` is off): no visibility timeout to outlast."""
+    options = conf.get("broker_transport_options") or {}
+    return _inbox_transport(conf.get("broker_transport")) and bool(
+        options.get("renew_unacked", True)
+    )
+
+
 def _check_time_limits(conf: Mapping[str, Any], allowed: set[str]) -> None:
-    """The hard limit above the soft one, and below the visibility timeout on Redis
-    (else Redis delivers a running job again); ``allow={"visibility_timeout"}`` lets a
-    test shorten the timeout on purpose."""
+    """The hard limit above the soft one, and below the visibility timeout on a Redis
+    transport that does not renew a running job's message (else Redis delivers it
+    again); ``allow={"visibility_timeout"}`` lets a test shorten the timeout on purpose."""
     hard, soft = conf.get("task_time_limit"), conf.get("task_soft_time_limit")
     if hard and soft and float(soft) >= float(hard):
         raise ConfigurationError(
             f"reliable(): task_soft_time_limit={soft!r} is not below task_time_limit="
             f"{hard!r}: the soft limit must come first, so the job can stop cleanly"
         )
-    visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout")
+    options = conf.get("broker_transport_options") or {}
+    visibility = None if renews(conf) else options.get("visibility_timeout")
     beyond = bool(hard and visibility and float(hard) > float(visibility))
     if beyond and "visibility_timeout" not in allowed:
         raise ConfigurationError(

@@ -50,6 +50,9 @@ COUNTDOWN_MARGIN = 60.0
 #: longest countdown on brokers without a visibility timeout (RabbitMQ's consumer timeout
 #: is 30 minutes by default, and a worker holds an ETA message unacked until it is due)
 DEFAULT_MAX_COUNTDOWN = 900.0
+#: longest countdown through the layer's Redis transport, whose messages not yet due wait
+#: in a delayed set inside Redis, never in a worker (seconds: a year)
+DELAYED_SET_MAX_COUNTDOWN = 366 * 86400.0
 #: what replaces a password where settings are shown (Celery's own mask)
 MASK = "********"
 #: a query parameter or ``key=value`` pair that carries a secret (``?password=``,
@@ -96,15 +99,33 @@ def _broker_url(conf: Any) -> str:
     return url if isinstance(url, str) else ""
 
 
-def max_countdown(conf: Any) -> float:
-    """The longest safe countdown: below the Redis visibility timeout, with a margin.
+def delayed_delivery(conf: Any) -> bool:
+    """Whether the broker keeps messages not yet due itself (the layer's Redis transport:
+    delayed sets), so that no worker holds one and any countdown is safe."""
+    transport = conf.get("broker_transport")
+    if isinstance(transport, str):  # "module:Class" or "module.Class"
+        ours = transport in (profile.INBOX_TRANSPORT, profile.INBOX_TRANSPORT.replace(":", "."))
+    else:  # the class, or a subclass of it (by name: config never imports the transport)
+        ours = isinstance(transport, type) and any(
+            f"{cls.__module__}:{cls.__qualname__}" == profile.INBOX_TRANSPORT
+            for cls in transport.__mro__
+        )
+    return ours and _broker_url(conf).startswith(("redis://", "rediss://"))
 
-    Redis redelivers a message that stays unacked longer than the visibility timeout,
-    and a worker keeps an ETA message unacked until it is due (celery/kombu#337).
+
+def max_countdown(conf: Any) -> float:
+    """The longest safe countdown: a year through the layer's Redis transport (delayed
+    sets); on kombu's own Redis transport, below the visibility timeout with a margin.
+
+    kombu's Redis transport redelivers a message that stays unacked longer than the
+    visibility timeout, and a worker keeps an ETA message unacked until it is due
+    (celery/kombu#337). ``conventions_max_countdown`` overrides both.
     """
     explicit = conf.get("conventions_max_countdown")
     if explicit:
         return float(explicit)
+    if delayed_delivery(conf):
+        return DELAYED_SET_MAX_COUNTDOWN
     url = _broker_url(conf)
     if url.startswith(("redis", "rediss", "sentinel")):
         options = conf.get("broker_transport_options") or {}

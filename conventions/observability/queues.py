@@ -1,4 +1,5 @@
-"""Queue state read straight from the Redis broker: depth, oldest waiting job, consumers.
+"""Queue state read straight from the Redis broker: depth, oldest waiting job, consumers,
+and what the layer's transport holds beside the queue.
 
 No events stream is needed, and no queue is ever scanned. kombu keeps each queue as a
 Redis list (plus one list per priority step: ``<queue>\\x06\\x163``...); producers ``LPUSH``
@@ -6,11 +7,19 @@ and consumers ``BRPOP``, so the next message to run, the oldest waiting one, is 
 -1. A read is one pipeline of ``LLEN`` + ``LINDEX -1`` per list (both O(1)): eight commands
 per queue with kombu's four priority steps, whatever the depth.
 
-The oldest job's age is measured from when it became due: our ``cc_enqueued_at`` header,
-or its ETA when later (a retry or a deferral waits for its countdown first). A message
-without either (a foreign producer) has no age of its own: the reader then reports how
-long it has seen that same message at the head of the queue (``age_source`` ``seen``), a
-lower bound, and ``unknown`` the first time.
+The oldest job's age is measured from when it became due: the latest of our
+``cc_enqueued_at`` header, the ``cc_due`` header (the due time a message had in the
+transport's delayed set) and its ETA (a retry or a deferral waits for its countdown
+first). A message without any (a foreign producer) has no age of its own: the reader
+then reports how long it has seen that same message at the head of the queue
+(``age_source`` ``seen``), a lower bound, and ``unknown`` the first time.
+
+The layer's Redis transport also holds messages outside the queue's lists: not yet due
+(its delayed set), fetched into a consumer's inbox, claimed and running (kombu's unacked
+set); and it knows which consumers are alive. Those figures come from a :data:`Holdings`
+reader given to :class:`BrokerQueues` (``conventions.ops.transport_view.transport_holdings``
+reads ``conventions.transport.layout``; this package sits below the transport and does
+not import it). Without one they are ``None``: not read (kombu's stock transport).
 
 Consumers come from the workers themselves (``inspect().active_queues()``, a broadcast
 that waits ``timeout`` for the replies): an exporter refreshes them in the background.
@@ -20,8 +29,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +42,27 @@ from conventions.tracing import headers as hdr
 #: kombu's defaults for the Redis transport (``broker_transport_options`` may change them)
 PRIORITY_STEPS = (0, 3, 6, 9)
 PRIORITY_SEP = "\x06\x16"
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the layer's transport holds of one queue outside its lists."""
+
+    #: messages not yet due (the delayed set)
+    delayed: int = 0
+    #: due time of the next delayed message (Unix seconds), None when none is delayed
+    next_due: float | None = None
+    #: messages claimed by a consumer and not yet acknowledged (running, or about to)
+    in_flight: int = 0
+    #: messages fetched into consumers' inboxes and not yet claimed or given back
+    in_inboxes: int = 0
+    #: consumers of the queue whose sign of life is fresh
+    consumers_alive: int = 0
+
+
+#: reads, in a few commands whatever the depths, what the transport holds of each queue
+#: (a queue it holds nothing of may be left out); the time is the reader's clock (Unix s)
+Holdings = Callable[[Any, Sequence[str]], tuple[Mapping[str, Held], float]]
 
 
 @dataclass(frozen=True)
@@ -48,6 +78,16 @@ class QueueState:
     age_source: str
     #: workers consuming the queue (None: not asked)
     consumers: int | None = None
+    #: messages not yet due, in the transport's delayed set (None: not read, here and below)
+    delayed: int | None = None
+    #: seconds until the next delayed message is due; negative: overdue by that much
+    next_due_in: float | None = None
+    #: messages claimed by a consumer and not yet acknowledged
+    in_flight: int | None = None
+    #: messages fetched into consumers' inboxes, not yet claimed
+    in_inboxes: int | None = None
+    #: consumers of the queue whose sign of life is fresh (the transport's liveness set)
+    consumers_alive: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,15 +103,19 @@ def _parse_time(value: Any) -> datetime | None:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
-def waiting_since(enqueued_at: Any, eta: Any) -> datetime | None:
-    """When a job became due: its publish time, or its ETA when that is later."""
-    times = [t for t in (_parse_time(enqueued_at), _parse_time(eta)) if t is not None]
+def waiting_since(enqueued_at: Any, eta: Any, due: Any = None) -> datetime | None:
+    """When a job became due: the latest of its publish time, its due time in the
+    delayed set and its ETA."""
+    parsed = (_parse_time(enqueued_at), _parse_time(due), _parse_time(eta))
+    times = [t for t in parsed if t is not None]
     return max(times) if times else None
 
 
-def waited(enqueued_at: Any, eta: Any, now: datetime | None = None) -> float | None:
+def waited(
+    enqueued_at: Any, eta: Any, now: datetime | None = None, due: Any = None
+) -> float | None:
     """Seconds a job has waited since it became due (never negative), or None."""
-    since = waiting_since(enqueued_at, eta)
+    since = waiting_since(enqueued_at, eta, due)
     if since is None:
         return None
     return max(0.0, ((now or datetime.now(UTC)) - since).total_seconds())
@@ -87,7 +131,8 @@ def _head(raw: str | None) -> tuple[datetime | None, str | None]:
         tag = (message.get("properties") or {}).get("delivery_tag")
     except (ValueError, AttributeError):
         return None, None
-    return waiting_since(headers.get(hdr.ENQUEUED_AT), headers.get("eta")), tag
+    due = waiting_since(headers.get(hdr.ENQUEUED_AT), headers.get("eta"), headers.get(hdr.DUE))
+    return due, tag
 
 
 class BrokerQueues:
@@ -106,6 +151,7 @@ class BrokerQueues:
         sep: str = PRIORITY_SEP,
         key_prefix: str = "",
         owns_client: bool = False,
+        holdings: Holdings | None = None,
     ) -> None:
         self.client = client
         #: close the client with the reader (a client made by ``from_app``)
@@ -114,6 +160,8 @@ class BrokerQueues:
         self.priority_steps = sorted(set(priority_steps))
         self.sep = sep
         self.key_prefix = key_prefix
+        #: what the transport holds beside the lists (None: not read)
+        self.holdings = holdings
         self._seen: dict[str, tuple[str, float]] = {}
 
     def close(self) -> None:
@@ -134,7 +182,8 @@ class BrokerQueues:
         ]
 
     def read(self, consumers: Mapping[str, int] | None = None) -> list[QueueState]:
-        """Every queue's state, in one round trip."""
+        """Every queue's state: the lists in one round trip, then what the transport
+        holds (a few more, whatever the depths)."""
         with self.client.pipeline(transaction=False) as pipe:
             for queue in self.queues:
                 for key in self.lists(queue):
@@ -148,8 +197,20 @@ class BrokerQueues:
             heads = [_decode(raw) for raw in chunk[1::2]]
             state = self._state(queue, sum(int(n) for n in chunk[0::2]), heads, now, wall)
             if consumers is not None:
-                state = QueueState(**{**asdict(state), "consumers": consumers.get(queue, 0)})
+                state = replace(state, consumers=consumers.get(queue, 0))
             out.append(state)
+        return out if self.holdings is None else self._with(self.holdings, out)
+
+    def _with(self, holdings: Holdings, states: list[QueueState]) -> list[QueueState]:
+        held, clock = holdings(self.client, self.queues)
+        out = []
+        for state in states:
+            mine = held.get(state.queue, Held())
+            due_in = None if mine.next_due is None else mine.next_due - clock
+            out.append(replace(
+                state, delayed=mine.delayed, next_due_in=due_in, in_flight=mine.in_flight,
+                in_inboxes=mine.in_inboxes, consumers_alive=mine.consumers_alive,
+            ))  # fmt: skip
         return out
 
     def _state(
@@ -183,8 +244,11 @@ def queue_names(app: Any) -> list[str]:
     return sorted({q.name for q in declared})
 
 
-def from_app(app: Any, client: redis.Redis | None = None) -> BrokerQueues:
-    """A reader for the app's broker and queues (a Redis broker only)."""
+def from_app(
+    app: Any, client: redis.Redis | None = None, holdings: Holdings | None = None
+) -> BrokerQueues:
+    """A reader for the app's broker and queues (a Redis broker only); ``holdings``
+    reads what the transport holds beside the lists."""
     url = str(app.conf.broker_url or "").split(";")[0]
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(
@@ -199,6 +263,7 @@ def from_app(app: Any, client: redis.Redis | None = None) -> BrokerQueues:
         sep=options.get("sep", PRIORITY_SEP),
         key_prefix=options.get("global_keyprefix", ""),
         owns_client=client is None,
+        holdings=holdings,
     )
 
 

@@ -6,6 +6,10 @@ error refuses to start the worker and a warning is logged. Live checks
 (``conventions.ops.doctor_live``) ask the running workers which queues they consume and
 the broker how long each queue is.
 
+Time depends on the broker and its transport (:mod:`conventions.ops.doctor_time`): on
+the layer's Redis transport the recovery bound is checked, on kombu's stock one the
+visibility timeout against time limits and countdowns.
+
 The configuration is checked against the reliable profile's promises
 (:func:`conventions.config.profile.promises`, the list ``reliable()`` sets): one source
 of truth, each deviation reported with the key, the value found and the profile's.
@@ -20,8 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,57 +32,33 @@ from celery.exceptions import QueueNotFound
 
 from conventions.config import profile
 from conventions.config import settings as settingslib
+from conventions.ops import doctor_time
+from conventions.ops.doctor_time import (
+    broker_kind,
+    consumer_timeout,
+    layer_transport,
+    visibility_timeout,
+)
+from conventions.ops.findings import ERROR, OFF, WARNING, Finding, apply_levels, errors
 from conventions.store.redis_records import AUDIT_BYTES_PER_JOB
 from conventions.tracing.scrubbing import scrub_text
 
 logger = logging.getLogger("conventions.ops.doctor")
 
-ERROR = "error"
-WARNING = "warning"
-OFF = "off"
-#: RabbitMQ's default ``consumer_timeout``: an unacked delivery older than this closes
-#: the channel (seconds)
-RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+#: what the doctor's callers use (the findings and the broker's kind live in
+#: :mod:`conventions.ops.findings` and :mod:`conventions.ops.doctor_time`)
+__all__ = [
+    "ERROR", "OFF", "WARNING", "Finding", "apply_levels", "audit_findings", "broker_kind",
+    "consumer_timeout", "errors", "format_text", "layer_transport", "profile_findings",
+    "queue_of", "redis_servers", "static_checks", "user_tasks", "version_findings",
+    "visibility_timeout",
+]  # fmt: skip
+
 #: what a serializer named pickle is called on the wire, too
 PICKLE = {"pickle", "application/x-python-serialize"}
 #: the share of the broker's memory the audit trail may take at its cap before the
 #: doctor warns (the queues need the rest, and at OOM a ``noeviction`` Redis refuses writes)
 AUDIT_MEMORY_SHARE = 0.25
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: its level, a stable code, what it is about, and the fix."""
-
-    level: str
-    code: str
-    subject: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-    def line(self) -> str:
-        return f"{self.level.upper():<8}{self.code}  {self.subject}: {self.message}"
-
-
-def broker_kind(conf: Any) -> str:
-    """``redis``, ``amqp`` or the broker URL's scheme."""
-    scheme = urlsplit(str(conf.get("broker_url") or "")).scheme
-    if scheme in ("redis", "rediss", "sentinel", "redis+socket"):
-        return "redis"
-    if scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
-        return "amqp"
-    return scheme or "unknown"
-
-
-def visibility_timeout(conf: Any) -> float:
-    options = conf.get("broker_transport_options") or {}
-    return float(options.get("visibility_timeout", settingslib.CELERY_REDIS_VISIBILITY))
-
-
-def consumer_timeout(conf: Any) -> float:
-    return float(conf.get("conventions_broker_consumer_timeout") or RABBITMQ_CONSUMER_TIMEOUT)
 
 
 def user_tasks(app: Any) -> list[Any]:
@@ -106,20 +85,6 @@ def static_checks(app: Any, *, server: bool = True) -> list[Finding]:
     return apply_levels(findings, app.conf)
 
 
-def apply_levels(findings: Iterable[Finding], conf: Any) -> list[Finding]:
-    levels: Mapping[str, str] = conf.get("conventions_doctor_levels") or {}
-    out = []
-    for finding in findings:
-        level = levels.get(finding.code, finding.level)
-        if level != OFF:
-            out.append(Finding(level, finding.code, finding.subject, finding.message))
-    return out
-
-
-def errors(findings: Iterable[Finding]) -> list[Finding]:
-    return [f for f in findings if f.level == ERROR]
-
-
 def _config_checks(conf: Any) -> Iterator[Finding]:
     accepted = set(conf.get("accept_content") or ()) | set(conf.get("result_accept_content") or ())
     serializers = {conf.get("task_serializer"), conf.get("result_serializer")}
@@ -131,14 +96,7 @@ def _config_checks(conf: Any) -> Iterator[Finding]:
             "in the worker; set task_serializer/result_serializer = 'json' and "
             "accept_content = result_accept_content = ['json']",
         )  # fmt: skip
-    explicit = conf.get("conventions_max_countdown")
-    if explicit and broker_kind(conf) == "redis" and float(explicit) >= visibility_timeout(conf):
-        yield Finding(
-            ERROR, "countdown-beyond-visibility", "conventions_max_countdown",
-            f"{float(explicit):.0f}s is not below the visibility timeout "
-            f"({visibility_timeout(conf):.0f}s): Redis delivers a longer-waiting ETA message "
-            "twice; lower it or raise broker_transport_options['visibility_timeout']",
-        )  # fmt: skip
+    yield from doctor_time.config_findings(conf)
     # pickle is the error above: its serializer settings are not reported twice
     yield from profile_findings(conf, skip=SERIALIZER_KEYS if pickled else ())
 
@@ -187,48 +145,12 @@ def _task_checks(app: Any, task: Any) -> Iterator[Finding]:
             "no hard time limit: a stuck job holds its worker process forever; set "
             "time_limit= on the task or task_time_limit",
         )  # fmt: skip
-    yield from _timeout_checks(conf, name, float(limit or 0), _retry_cap(task))
+    yield from doctor_time.task_findings(conf, name, float(limit or 0), _retry_cap(task))
 
 
 def _retry_cap(task: Any) -> float:
     backoff = getattr(task, "backoff", None)
     return float(getattr(backoff, "cap", 0) or 0) if backoff is not None else 0.0
-
-
-def _timeout_checks(conf: Any, name: str, limit: float, cap: float) -> Iterator[Finding]:
-    kind = broker_kind(conf)
-    if kind == "redis":
-        visibility = visibility_timeout(conf)
-        if limit > visibility:
-            yield Finding(
-                ERROR, "time-limit-beyond-visibility", name,
-                f"time limit {limit:.0f}s is beyond the visibility timeout ({visibility:.0f}s): "
-                "Redis redelivers the running job to another worker; raise "
-                "broker_transport_options['visibility_timeout'] above the longest time limit "
-                "plus the longest retry delay, or lower the time limit",
-            )  # fmt: skip
-        if cap >= visibility:
-            yield Finding(
-                ERROR, "countdown-beyond-visibility", name,
-                f"Backoff(cap={cap:.0f}) is not below the visibility timeout "
-                f"({visibility:.0f}s): a retry waiting that long is delivered twice; lower "
-                f"the cap below {settingslib.max_countdown(conf):.0f}s or raise "
-                "broker_transport_options['visibility_timeout']",
-            )  # fmt: skip
-    elif kind == "amqp" and limit > consumer_timeout(conf):
-        yield Finding(
-            ERROR, "time-limit-beyond-consumer-timeout", name,
-            f"time limit {limit:.0f}s is beyond RabbitMQ's consumer_timeout "
-            f"({consumer_timeout(conf):.0f}s): the broker closes the channel and redelivers; "
-            "raise consumer_timeout on the server (and conventions_broker_consumer_timeout)",
-        )  # fmt: skip
-    max_countdown = settingslib.max_countdown(conf)
-    if max_countdown < cap and not (kind == "redis" and cap >= visibility_timeout(conf)):
-        yield Finding(
-            WARNING, "retry-cap-clamped", name,
-            f"Backoff(cap={cap:.0f}) is above the broker's safe countdown "
-            f"({max_countdown:.0f}s): longer delays are shortened to it; lower the cap",
-        )  # fmt: skip
 
 
 def redis_servers(conf: Any) -> list[str]:

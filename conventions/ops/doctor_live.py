@@ -5,6 +5,12 @@ A queue that tasks route to with no consumer is a queue whose jobs wait forever 
 and RabbitMQ keep them without complaint); so is a beat entry that targets one. The
 workers are asked with ``inspect().active_queues()``; the broker with a passive
 queue declare (a message count, on Redis and RabbitMQ alike).
+
+With the layer's Redis transport the broker also says what it holds beside the queues
+(:mod:`conventions.transport.layout`): jobs not yet due, whose next due time should not
+lie in the past for long (each consumer moves due jobs as it fetches), and the consumers
+whose sign of life is fresh (a worker that consumes a queue without one is recovered
+only by the visibility timeout: not the layer's transport, or an older layer).
 """
 
 from __future__ import annotations
@@ -15,10 +21,16 @@ from typing import Any
 
 from celery.exceptions import QueueNotFound
 
+from conventions.config.profile import INBOX_TRANSPORT
+from conventions.observability.queues import Held
+from conventions.ops import doctor
 from conventions.ops.doctor import ERROR, WARNING, Finding, apply_levels, queue_of, user_tasks
 
 #: seconds to wait for the workers' replies
 DEFAULT_TIMEOUT = 2.0
+#: how long past its due time a delayed job may stay in the delayed set of a consumed
+#: queue before the doctor says nobody moves it (seconds)
+OVERDUE = 60.0
 
 
 @dataclass
@@ -29,6 +41,10 @@ class Live:
     consumers: dict[str, list[str]] = field(default_factory=dict)
     #: queue -> messages waiting (ready, not yet delivered)
     backlog: dict[str, int] = field(default_factory=dict)
+    #: queue -> what the layer's transport holds of it (empty: kombu's stock transport)
+    held: dict[str, Held] = field(default_factory=dict)
+    #: seconds each queue's next delayed job is overdue by (negative: still ahead)
+    overdue: dict[str, float] = field(default_factory=dict)
 
     @property
     def consumed(self) -> set[str]:
@@ -40,7 +56,34 @@ def observe(app: Any, timeout: float = DEFAULT_TIMEOUT) -> Live:
     replies = app.control.inspect(timeout=timeout).active_queues() or {}
     consumers = {node: sorted(q["name"] for q in queues or ()) for node, queues in replies.items()}
     names = {q.name for q in app.amqp.queues.values()} | set(routed(app))
-    return Live(consumers=consumers, backlog={name: _depth(app, name) for name in sorted(names)})
+    live = Live(consumers=consumers, backlog={name: _depth(app, name) for name in sorted(names)})
+    if doctor.layer_transport(app.conf):
+        _read_held(app, live, timeout)
+    return live
+
+
+def _read_held(app: Any, live: Live, timeout: float) -> None:
+    """Fill ``live.held`` and ``live.overdue`` from the broker's Redis (left empty when it
+    does not answer: the queue checks above already say so)."""
+    import redis
+
+    from conventions.ops.transport_view import broker_reader
+
+    url = str(app.conf.broker_url).split(";")[0]
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        states = broker_reader(app, client).read()
+    except redis.RedisError:
+        return
+    finally:
+        client.close()
+    for state in states:
+        live.held[state.queue] = Held(
+            state.delayed or 0, None, state.in_flight or 0, state.in_inboxes or 0,
+            state.consumers_alive or 0,
+        )  # fmt: skip
+        if state.next_due_in is not None:
+            live.overdue[state.queue] = -state.next_due_in
 
 
 def routed(app: Any) -> dict[str, list[str]]:
@@ -78,20 +121,50 @@ def _findings(app: Any, live: Live) -> Iterator[Finding]:
     routes = routed(app)
     for queue, tasks in sorted(routes.items()):
         if queue not in consumed:
-            waiting = live.backlog.get(queue, 0)
+            held = f"{live.backlog.get(queue, 0)} waiting{_delayed(live, queue)}"
             yield Finding(
                 ERROR, "queue-without-consumer", queue,
-                f"no worker consumes it, yet {', '.join(tasks)} route there ({waiting} waiting); "
+                f"no worker consumes it, yet {', '.join(tasks)} route there ({held}); "
                 f"start a worker with -Q {queue} (or add {queue} to a worker's -Q list)",
             )  # fmt: skip
-    for queue, waiting in sorted(live.backlog.items()):
-        if waiting and queue not in consumed and queue not in routes:
+    for queue in sorted(set(live.backlog) | set(live.held)):
+        waiting, delayed = live.backlog.get(queue, 0), live.held.get(queue, Held()).delayed
+        if (waiting or delayed) and queue not in consumed and queue not in routes:
             yield Finding(
                 ERROR, "backlog-without-consumer", queue,
-                f"{waiting} messages wait and no worker consumes this queue; start a worker "
-                f"with -Q {queue}, or purge it if nothing should run them",
+                f"{waiting} messages wait{_delayed(live, queue)} and no worker consumes "
+                f"this queue; start a worker with -Q {queue}, or purge it if nothing should "
+                "run them",
             )  # fmt: skip
+    yield from _held_findings(live, consumed)
     yield from _beat_findings(app, consumed)
+
+
+def _delayed(live: Live, queue: str) -> str:
+    held = live.held.get(queue)
+    return f", {held.delayed} delayed" if held is not None and held.delayed else ""
+
+
+def _held_findings(live: Live, consumed: set[str]) -> Iterator[Finding]:
+    """On the layer's transport: due jobs left in the delayed set of a consumed queue,
+    and consumed queues without a consumer alive in the liveness set."""
+    for queue in sorted(consumed & set(live.held)):
+        late = live.overdue.get(queue)
+        if late is not None and late > OVERDUE:
+            yield Finding(
+                WARNING, "delayed-not-moved", queue,
+                f"its next delayed job has been due for {late:.0f}s and is still in the "
+                "delayed set: its workers do not move due jobs; run them on the layer's "
+                f"transport (broker_transport = {INBOX_TRANSPORT!r})",
+            )  # fmt: skip
+        if not live.held[queue].consumers_alive:
+            yield Finding(
+                WARNING, "consumer-not-alive", queue,
+                "workers consume it but none keeps a sign of life in the transport's "
+                "liveness set: a dead worker's jobs are given back only after the "
+                "visibility timeout; run the workers on the layer's transport (this "
+                "version of celery-conventions)",
+            )  # fmt: skip
 
 
 def _beat_findings(app: Any, consumed: set[str]) -> Iterator[Finding]:

@@ -3,7 +3,9 @@
 Prefork-safe by construction: no worker process keeps a registry. What happened (jobs
 published, started, retried, dead-lettered...; the wait and run histograms) is counted
 by the store in the same step as each audit event (:mod:`conventions.store.counts`), from
-every worker child at once; what is waiting is read from the broker (:mod:`queues`).
+every worker child at once; what is waiting is read from the broker (:mod:`queues`),
+and with the layer's Redis transport what it holds beside the queues: delayed, in
+inboxes, in flight, and the consumers alive (:mod:`conventions.ops.transport_view`).
 The exporter only reads, so a restart loses nothing and two exporters agree.
 
 Names are ``celery_conventions_<noun>_total`` (counters), ``..._seconds`` (histograms
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 from conventions.config import extras
 from conventions.jobs import routing
 from conventions.observability import queues
+from conventions.ops.transport_view import broker_reader
 from conventions.store import counts
 
 if TYPE_CHECKING:  # the 'metrics' extra; imported where the exporter runs
@@ -80,6 +83,15 @@ GAUGES: Mapping[str, tuple[tuple[str, ...], str]] = {
     "queue_depth": (("queue",), "jobs waiting in the queue, every priority included"),
     "queue_oldest_age_seconds": (("queue",), "how long the oldest waiting job has been due"),
     "queue_consumers": (("queue",), "workers consuming the queue"),
+    "queue_delayed": (("queue",), "jobs not yet due, in the transport's delayed set"),
+    "queue_delayed_next_due_age_seconds": (
+        ("queue",),
+        "now minus the next delayed job's due time: negative while it is ahead, "
+        "positive when it is overdue (nobody moved it)",
+    ),
+    "queue_in_flight": (("queue",), "jobs claimed by a worker and not yet acknowledged"),
+    "queue_in_inboxes": (("queue",), "jobs fetched into a worker's inbox, not yet claimed"),
+    "queue_consumers_alive": (("queue",), "consumers whose sign of life is fresh"),
     "queue_slo_seconds": (("queue",), "how long a job may wait in the queue (its SLO)"),
     "store_up": ((), "1 when the last store read succeeded, else 0"),
     "dead_letters": ((), "dead-letter records kept in the store"),
@@ -192,7 +204,7 @@ class Exporter:
     ) -> None:
         _prometheus_client()
         self.app = app
-        self.broker = broker or queues.from_app(app)
+        self.broker = broker or broker_reader(app)
         self.outbox_lag = outbox_lag
         self.consumers_timeout = consumers_timeout
         self.slos = slos(app, self.broker.queues)
@@ -257,6 +269,25 @@ class Exporter:
         for name, seconds in self.slos.items():
             slo.add_metric([name], seconds)
         yield from (up, depth, age, consumed, slo)
+        yield from self._held_metrics(states)
+
+    def _held_metrics(self, states: list[queues.QueueState]) -> Iterator[Metric]:
+        """What the transport holds beside the queues (absent with kombu's stock one)."""
+        held = [state for state in states if state.delayed is not None]
+        if not held:
+            return
+        delayed = self._gauge("queue_delayed")
+        due = self._gauge("queue_delayed_next_due_age_seconds")
+        in_flight, inboxes = self._gauge("queue_in_flight"), self._gauge("queue_in_inboxes")
+        alive = self._gauge("queue_consumers_alive")
+        for state in held:
+            delayed.add_metric([state.queue], state.delayed or 0)
+            if state.next_due_in is not None:  # absent when nothing is delayed
+                due.add_metric([state.queue], -state.next_due_in)
+            in_flight.add_metric([state.queue], state.in_flight or 0)
+            inboxes.add_metric([state.queue], state.in_inboxes or 0)
+            alive.add_metric([state.queue], state.consumers_alive or 0)
+        yield from (delayed, due, in_flight, inboxes, alive)
 
     def _store_metrics(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily

@@ -36,6 +36,9 @@ RECONCILE = "cc_reconcile"
 FIRST_FAILED_AT = "cc_first_failed_at"
 #: how often the job stopped on purpose to continue later (``ResumeLater``)
 RESUMED = "cc_resumed"
+#: the due time of a message that waited in the Redis transport's delayed set (ISO 8601,
+#: UTC): set by the transport, which takes the ``eta`` out (``conventions.transport.delayed``)
+DUE = "cc_due"
 #: the dependency limiter's state across deferrals: places booked in line, slot waits
 LIMITS = "cc_limits"
 #: the schedule entry that sent this job (``conventions.schedules.entries``)
@@ -60,6 +63,7 @@ ALL_HEADERS = (
     SCHEDULE,
     OCCURRENCE,
     OVERLAP,
+    DUE,
 )
 #: the headers a child job inherits from its parent's context
 INHERITED = (CORRELATION, REQUEST, ACTOR)
@@ -152,6 +156,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     ENQUEUED_AT: _time,
     FIRST_FAILED_AT: _time,
     OCCURRENCE: _time,
+    DUE: _time,
     RESUMED: _count,
     RECONCILE: _flag,
     OVERLAP: _overlap,

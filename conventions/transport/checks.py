@@ -1,5 +1,6 @@
 """Checks made once when a channel of :mod:`conventions.transport.redis` is made: the kombu
-members it relies on are there, and its timing settings cannot open a gap.
+members it relies on are there, and its timing settings cannot open a gap
+or strand an orphan for long.
 
 The transport subclasses kombu's Redis channel and uses members that are not kombu's
 public API (kombu 5.6 lacks some: every fetch raised ``AttributeError``). A kombu outside
@@ -16,10 +17,18 @@ from kombu.transport import virtual
 
 from conventions.errors import ConfigurationError
 
-#: the least ``inbox_timeout`` may exceed the longest block by, and the factor it must
+#: the least ``recovery_timeout`` may exceed the longest block by, and the factor it must
 #: exceed it by: a sign of life must outlast the fetch it was sent with, with room left
 INBOX_MARGIN = 1.0
 INBOX_FACTOR = 2.0
+#: a dead worker's jobs are back within ``recovery_timeout`` (its sign of life lapses) plus
+#: a third of it (the next sweep) plus a third more (``unacked_mutex_expire``, the profile's:
+#: a sweeper killed holding kombu's restore mutex): 5/3 of it
+BOUND_FACTOR = 5 / 3
+#: the longest recovery bound allowed (seconds): a dead worker's jobs run again within a minute
+MAX_BOUND = 60.0
+#: the longest ``recovery_timeout`` taken (seconds): 36, a bound of 60
+MAX_RECOVERY = MAX_BOUND / BOUND_FACTOR
 
 
 #: kombu members the transport relies on, none of them public API: checked once, when
@@ -70,9 +79,12 @@ def _missing(member: str) -> str:
     )
 
 
-def check_timing(inbox_timeout: float, block: float, fetch_wait: float) -> None:
+def check_timing(recovery_timeout: float, block: float, fetch_wait: float, renew: bool = True) -> (
+    None
+):  # fmt: skip
     """Refuse settings under which a consumer's sign of life could run out while its
-    fetch still waits: a sweep would take a live consumer for dead."""
+    fetch still waits (a sweep would take a live consumer for dead), or that would let
+    an orphan's messages wait longer than :data:`MAX_RECOVERY` to come back."""
     if not block or block <= 0 or fetch_wait <= 0:
         raise ConfigurationError(
             "broker_transport_options: a fetch must block for a bounded time: give "
@@ -81,10 +93,17 @@ def check_timing(inbox_timeout: float, block: float, fetch_wait: float) -> None:
         )
     longest = max(block, fetch_wait)
     least = max(INBOX_FACTOR * longest, longest + INBOX_MARGIN)
-    if inbox_timeout < least:
+    if recovery_timeout < least:
         raise ConfigurationError(
-            f"broker_transport_options: inbox_timeout={inbox_timeout:g} must be at least "
-            f"{least:g} s, well above the {longest:g} s a fetch may block (polling_interval"
-            "): a consumer's sign of life must outlast each fetch it is sent with; raise "
-            "inbox_timeout (default 60) or lower polling_interval"
+            f"broker_transport_options: recovery_timeout={recovery_timeout:g} must be at "
+            f"least {least:g} s, well above the {longest:g} s a fetch may block "
+            "(polling_interval): a consumer's sign of life must outlast each fetch it is sent "
+            f"with; raise recovery_timeout (default 30) or lower polling_interval"
+        )
+    if renew and recovery_timeout > MAX_RECOVERY:
+        raise ConfigurationError(
+            f"broker_transport_options: recovery_timeout={recovery_timeout:g} is above "
+            f"{MAX_RECOVERY:g} s: a dead worker's jobs would wait up to {BOUND_FACTOR:.2g} times "
+            f"that ({recovery_timeout * BOUND_FACTOR:.0f} s, above {MAX_BOUND:g}) to run again; a "
+            "live worker renews its jobs, so a long job needs no longer timeout"
         )

@@ -14,6 +14,9 @@ commands each, never on a job's path.
   is in the past is dead, and what it held is given back.
 * ``_cc.consumer.<id>``: hash describing one consumer: ``queues`` (comma-separated queue
   names), ``host``, ``pid``, ``since`` (Unix seconds).
+* ``_cc.consumers.dead``: hash of dead consumers (field) and when a sweep first found
+  their inboxes empty (value, Redis clock); a consumer is forgotten once that is
+  ``recovery_timeout`` old.
 * ``_cc.inboxes``: hash of every inbox (field) and the list it was filled from (value);
   ``_cc.inbox.<consumer>:<list>`` is one inbox.
 """
@@ -29,6 +32,7 @@ from kombu.utils.encoding import bytes_to_str
 DELAYED = "_cc.delayed.{queue}"
 CONSUMERS = "_cc.consumers"
 CONSUMER = "_cc.consumer.{consumer}"
+DEAD_SINCE = "_cc.consumers.dead"
 INBOXES = "_cc.inboxes"
 INBOX = "_cc.inbox.{consumer}:{source}"
 #: kombu's priority lists are ``<queue><sep><priority>``

@@ -10,7 +10,9 @@ on the **same Redis server** (any database: the reference config uses one URL fo
 the broker's connection, reserves the key and records the audit event in the store's
 database, then pushes the message in the broker's. A key another job holds raises
 :class:`Deduplicated` from inside the publish, before anything is pushed; the task
-answers the holder's handle, as the two-step path does.
+answers the holder's handle, as the two-step path does. A message with a countdown or an
+``eta`` still ahead goes to its queue's delayed set (:mod:`conventions.transport.delayed`):
+its hook reserves first, then adds it there (two round trips, on that path only).
 
 Otherwise (another server, the SQL store, eager mode, kombu's own transport) the task
 reserves first and publishes second, as before.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -115,8 +117,9 @@ def hook(  # noqa: PLR0917
         pushed.tried = True
         if not _publishes_to_store(redis_store, client):
             _reserve_then_push(
-                redis_store, client, queue_list, message, key, task_id, ttl, audit, fingerprint
-            )
+                redis_store, lambda: client.lpush(queue_list, message), key, task_id, ttl,
+                audit, fingerprint,
+            )  # fmt: skip
             return
         holder = redis_store.reserve_and_push(
             client, queue_list, message, key, task_id, ttl, audit, fingerprint
@@ -124,7 +127,15 @@ def hook(  # noqa: PLR0917
         if holder is not None:
             raise Deduplicated(holder)
 
-    pushed = Push(task_id, push)
+    def push_delayed(client: Any, delayed_set: str, due: float, member: str) -> None:
+        pushed.tried = True
+
+        def add() -> None:
+            client.zadd(delayed_set, {member: due})
+
+        _reserve_then_push(redis_store, add, key, task_id, ttl, audit, fingerprint)
+
+    pushed = Push(task_id, push, push_delayed=push_delayed)
     return pushed
 
 
@@ -138,25 +149,25 @@ class Push(broker.PushHook):
 
 def _reserve_then_push(  # noqa: PLR0917
     store: RedisStore,
-    client: Any,
-    queue_list: str,
-    message: str,
+    send: Callable[[], Any],
     key: str | None,
     task_id: str,
     ttl: float | None,
     audit: AuditEvent,
     fingerprint: str | None,
 ) -> None:
-    """The two-step path, for a connection that publishes to another server: the
-    reservation (or, without one, the audit event after the push) in the store, then
-    kombu's own ``LPUSH`` on the publishing connection. A retried publish runs it again:
-    the reservation is already this job's, and records nothing twice."""
+    """The two-step path, for a connection that publishes to another server or a
+    message that goes to a delayed set: the reservation (or, without one, the audit
+    event after the push) in the store, then ``send`` (kombu's own ``LPUSH``, or the
+    delayed set's ``ZADD``) on the publishing connection. A retried publish runs it
+    again: the reservation is already this job's, and records nothing twice (and a
+    delayed member added twice is one)."""
     if key is not None:
         with bounded({}, "store"):  # not a broker error: kombu must not retry it as one
             holder = store.reserve(key, task_id, ttl, audit=audit, fingerprint=fingerprint)
         if holder is not None:
             raise Deduplicated(holder)
-    client.lpush(queue_list, message)
+    send()
     if key is None:
         with contextlib.suppress(*UNREACHABLE):  # pushed: the job is out, only its event lost
             store.add_audit(audit)

@@ -1,4 +1,5 @@
-"""kombu's Redis transport with a fetch that cannot lose a message.
+"""kombu's Redis transport with a fetch that cannot lose a message, delayed delivery
+inside Redis and recovery by liveness.
 
 kombu's Redis transport fetches with ``BRPOP`` and then, in a second command, records the
 message as unacknowledged. Between the two the message lives only in the worker's
@@ -11,23 +12,33 @@ This transport moves each message, in one atomic Redis command, from its queue i
 kombu's unacked set in one Lua script. At every instant the message is in the queue, in
 an inbox or in the unacked set, all inside Redis (and its AOF), never only in a process:
 
-* a consumer says it is alive (``_cc.alive.<consumer>``, good for ``inbox_timeout``
-  seconds) and registers its inbox in the same write as each fetch, so both are fresh
-  for as long as the fetch can fill the inbox (``inbox_timeout`` must be well above the
-  block time: checked when the channel is made);
-* every worker's periodic restore (where kombu restores unacked messages past their
-  visibility timeout) also moves the messages of dead consumers' inboxes back to the
-  head of their queues, and forgets an inbox only once it stayed empty for
-  ``inbox_timeout`` (a fetch blocked on it may still fill it);
+* a consuming channel runs a keeper (:mod:`conventions.transport.liveness`): its
+  consumer's score in ``_cc.consumers`` and the ``unacked_index`` scores of the messages
+  it holds are renewed together every third of ``recovery_timeout`` (default 30 s, at
+  most 60), and the channel's visibility timeout is that bound: a job runs for hours on
+  a live worker and is never delivered twice, while a worker that died whole has its
+  unacked messages and its inboxes given back within ``recovery_timeout`` plus a sweep;
+* a fetch also says the consumer is alive and registers its inbox, in the same write,
+  whenever a third of the bound went by, so both are fresh for as long as the fetch can
+  fill the inbox (``recovery_timeout`` must be well above the block time: checked when
+  the channel is made); a dead consumer is forgotten only once its inboxes stayed empty
+  for ``recovery_timeout`` (a fetch blocked on one may still fill it);
 * the claim and the move back are atomic and exclusive: a consumer that was only slow
   finds its message gone, drops its copy, and the message is delivered once.
 
+A message whose ``eta`` is still ahead (a countdown, a retry's backoff, a deferral) is
+published into its queue's delayed set instead of its list and moved there when due by
+every consuming worker (:mod:`conventions.transport.delayed`): no worker holds a message
+not yet due, so any delay works, and its due time is in Redis (and its AOF).
+
 A consumer reading one list blocks on it with ``BLMOVE``: no added latency. One reading
 several lists (``-Q email,heavy``, or kombu's priority lists) first moves from the first
-non-empty one in a single script, and when all are empty blocks on one of them for at
-most ``fetch_wait`` seconds (default 0.1) before looking at all again: a message on
-another list of an idle worker waits that long at most. ``celeryconfig.py`` sets
-``priority_steps`` to ``[0]``, one list per queue, so a one-queue lane blocks for free.
+non-empty one in a single script, and when all are empty blocks on one of them for
+``fetch_wait`` seconds (default 0.1), doubled while it stays idle up to
+``fetch_wait_max`` (default 1), before looking at all again: a busy queue is swept after
+every message, and an idle worker sends a few commands a second whatever its number of
+queues. ``celeryconfig.py`` sets ``priority_steps`` to ``[0]``, one list per queue, so a
+one-queue lane blocks for free.
 
 An entry that is not a well-formed kombu message (junk pushed by a foreign producer, or
 an envelope with a field of the wrong type) would make kombu raise and stop the worker;
@@ -36,7 +47,8 @@ here it is wrapped in a message that the layer's consumer dead-letters as
 
 A no-ack consumer (``celery inspect``'s replies, ``conventions doctor``, the metrics
 exporter) takes its message out of the inbox without a record in the unacked set:
-nothing would ever ack it, and it would come back every visibility timeout.
+nothing would ever ack it, and it would come back every visibility timeout. It runs no
+keeper (a publisher's channel never does either).
 
 Select it with ``broker_transport = "conventions.transport.redis:Transport"`` (``celeryconfig.py``
 does for ``redis://`` and ``rediss://`` URLs). Redis 6.2 or newer (``BLMOVE``).
@@ -47,104 +59,40 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 from queue import Empty
 from time import monotonic, time
 from typing import Any
 
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
-from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from conventions.errors import ConfigurationError
-from conventions.transport import envelope
+from conventions.tracing import headers as hdr
+from conventions.transport import delayed, envelope, liveness
 from conventions.transport.checks import check_kombu, check_timing
 from conventions.transport.envelope import UNPARSEABLE
+from conventions.transport.fetch import CLAIM, DEFER, EARLY, SWEEP, refuses_client_reply
+from conventions.transport.hook import _HOOK, PushHook, pushing_through
+from conventions.transport.layout import CONSUMERS, INBOX, INBOXES
+
+__all__ = [
+    "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook", "QoS", "Transport",
+    "consumer_of", "in_inboxes", "pushing_through",
+]  # fmt: skip
 
 logger = logging.getLogger("conventions.transport.redis")
 
-#: the hash of every inbox (field) and the queue list it was filled from (value)
-INBOXES = "_cc.inboxes"
-#: when a sweep first found each inbox of a gone consumer empty (server time, seconds)
-DEAD_SINCE = "_cc.inboxes.dead"
-INBOX = "_cc.inbox.{consumer}:{source}"
-ALIVE = "_cc.alive.{consumer}"
-#: seconds a consumer reading several lists blocks on one of them
+#: seconds a consumer reading several lists first blocks on one of them (doubled while
+#: the consumer stays idle, up to ``fetch_wait_max``)
 DEFAULT_FETCH_WAIT = 0.1
-#: seconds without a sign of life after which a consumer's inbox is given back
-DEFAULT_INBOX_TIMEOUT = 60.0
-
-#: KEYS: sources..., inboxes... -> {index, entry} from the first non-empty source, or nil
-SWEEP = """
-local n = #KEYS / 2
-for i = 1, n do
-  local entry = redis.call('LMOVE', KEYS[i], KEYS[n + i], 'RIGHT', 'LEFT')
-  if entry then return {i, entry} end
-end
-return false
-"""
-#: KEYS: inbox, unacked index, unacked; ARGV: entry, tag, now, record, "1" to record it
-#: as unacked ("0": a no-ack consumer's, nothing will ack it) -> 1 claimed, 0 gone
-CLAIM = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-if ARGV[5] == '1' then
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-  redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
-end
-return 1
-"""
-#: KEYS: inbox, source, alive, registry, dead-since; ARGV: grace s -> entries given back,
-#: or -1 while alive. An inbox is forgotten only once found empty for ``grace`` seconds
-#: with its consumer gone: a fetch still under way may yet fill it, and what it puts
-#: there is given back by a later sweep (the registry still names the inbox).
-GIVE_BACK = """
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HDEL', KEYS[5], KEYS[1])
-  return -1
-end
-local moved = 0
-while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do moved = moved + 1 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local since = tonumber(redis.call('HGET', KEYS[5], KEYS[1]))
-if moved > 0 or not since then
-  redis.call('HSET', KEYS[5], KEYS[1], string.format('%.6f', now))
-elseif now - since >= tonumber(ARGV[1]) then
-  redis.call('HDEL', KEYS[4], KEYS[1])
-  redis.call('HDEL', KEYS[5], KEYS[1])
-end
-return moved
-"""
-
-
-@dataclass
-class PushHook:
-    """Pushes one task's message in place of kombu's ``LPUSH``
-    (:mod:`conventions.transport.publish`):
-    ``push(client, list, body)`` gets the broker connection's client, the Redis list and
-    the serialized message."""
-
-    task_id: str
-    push: Callable[[Any, str, str], None]
-    ran: bool = False
-
-
-_HOOK: ContextVar[PushHook | None] = ContextVar("conventions_push_hook", default=None)
-
-
-@contextmanager
-def pushing_through(hook: PushHook) -> Iterator[PushHook]:
-    """Publish the message of ``hook.task_id`` through ``hook`` within the block."""
-    token = _HOOK.set(hook)
-    try:
-        yield hook
-    finally:
-        _HOOK.reset(token)
+DEFAULT_FETCH_WAIT_MAX = 1.0
+#: seconds without a sign of life after which a consumer's messages are given back
+DEFAULT_RECOVERY_TIMEOUT = 30.0
+#: seconds between two runs of the mover of a consuming channel (sooner when one is due)
+DEFAULT_MOVER_INTERVAL = 1.0
 
 
 def consumer_of(inbox: str) -> str:
@@ -164,8 +112,8 @@ def in_inboxes(client: Any) -> int:
 
 
 class QoS(kredis.QoS):  # type: ignore[misc]
-    """kombu's ack emulation; claimed messages are already in the unacked set, and the
-    periodic restore also gives dead consumers' inboxes back."""
+    """kombu's ack emulation; claimed messages are already in the unacked set, held ones
+    are renewed by the channel's keeper, which also runs the restore."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if self.channel.claimed.pop(delivery_tag, False):
@@ -173,23 +121,54 @@ class QoS(kredis.QoS):  # type: ignore[misc]
         else:  # fetched another way (basic_get), or a message kombu made itself
             super().append(message, delivery_tag)
 
+    def ack(self, delivery_tag: str) -> None:
+        liveness.release(delivery_tag)
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        liveness.release(delivery_tag)
+        super().reject(delivery_tag, requeue=requeue)
+
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """kombu's periodic restore; a channel with a keeper leaves it to the keeper
+        (which waits for every live consumer to renew after an outage first)."""
+        if self.channel.keeper is not None:
+            return
         super().restore_visible(start, num, interval)
         if (self._vrestore_count - 1) % (interval or 1) == 0:
             self.channel.give_back_dead_inboxes()
 
+    def restore_now(self) -> None:
+        """kombu's restore of the unacked set past the visibility timeout, unthrottled."""
+        kredis.QoS.restore_visible(self, num=self.channel.unacked_restore_limit, interval=1)
+
 
 class Channel(kredis.Channel):  # type: ignore[misc]
-    """A Redis channel that fetches through an inbox of its own."""
+    """A Redis channel that fetches through an inbox of its own, keeps its messages not
+    yet due in delayed sets, and says it is alive while it consumes."""
 
     QoS = QoS
     from_transport_options = (
         *kredis.Channel.from_transport_options,
         "fetch_wait",
+        "fetch_wait_max",
         "inbox_timeout",
+        "recovery_timeout",
+        "renew_unacked",
+        "mover_interval",
+        "clock_offset",
     )
     fetch_wait = DEFAULT_FETCH_WAIT
-    inbox_timeout = DEFAULT_INBOX_TIMEOUT
+    fetch_wait_max = DEFAULT_FETCH_WAIT_MAX
+    #: the former name of ``recovery_timeout``, read when that is not given
+    inbox_timeout: float | None = None
+    recovery_timeout = DEFAULT_RECOVERY_TIMEOUT
+    #: False: held messages are not renewed, the visibility timeout is the recovery
+    #: clock again (tests that need a running job delivered twice)
+    renew_unacked = True
+    mover_interval = DEFAULT_MOVER_INTERVAL
+    #: seconds added to this process' clock when comparing due times (tests)
+    clock_offset = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.consumer_id = uuid.uuid4().hex
@@ -197,14 +176,26 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self._inboxes: dict[str, str] = {}
         self._swept_empty = False
         self._turn = 0
+        self._wait = DEFAULT_FETCH_WAIT
+        self._live_at = -math.inf
         self._sent: tuple[str, list[str]] = ("", [])
         self._sync_client: Any = None
+        self.keeper: liveness.Keeper | None = None
         #: the queues a no-ack consumer reads, by consumer tag
         self._no_ack: dict[str, str] = {}
         super().__init__(*args, **kwargs)
         check_kombu(self)
-        check_timing(self.inbox_timeout, self.brpop_timeout, self.fetch_wait)
+        options = self.connection.client.transport_options or {}
+        if self.inbox_timeout and "recovery_timeout" not in options:
+            self.recovery_timeout = float(self.inbox_timeout)
+        self.recovery_timeout = float(self.recovery_timeout)
+        check_timing(self.recovery_timeout, self.brpop_timeout, self.fetch_wait,
+                     renew=bool(self.renew_unacked))  # fmt: skip
+        if self.renew_unacked:  # the keeper renews: the timeout is the recovery bound
+            self.visibility_timeout = self.recovery_timeout
+        self._wait = float(self.fetch_wait)
         self._claim = self.client.register_script(CLAIM)  # EVALSHA, loaded when missing
+        self._defer = self.client.register_script(DEFER)
         if self.global_keyprefix:
             raise ValueError(
                 "conventions.transport.redis does not support global_keyprefix: use a Redis "
@@ -229,40 +220,85 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         return client
 
     @property
-    def alive_key(self) -> str:
-        return ALIVE.format(consumer=self.consumer_id)
+    def held_scope(self) -> str:
+        """The unacked index this channel's held messages are in: server, database, key."""
+        params = self.connection.client
+        return f"{params.hostname}:{params.port}/{params.virtual_host}/{self.unacked_index_key}"
+
+    def now(self) -> float:
+        """This process' clock as due times are compared with it."""
+        return time() + float(self.clock_offset)
 
     # -- publishing -------------------------------------------------------------------
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        """kombu's push, or the push hook of the task being published (one script)."""
+        """kombu's push, or the push hook of the task being published (one script); a
+        message with an ``eta`` still ahead goes to its queue's delayed set instead."""
         hook = _HOOK.get()
         headers = message.get("headers") or {}
-        if hook is None or headers.get("id") != hook.task_id:
+        hooked = hook is not None and headers.get("id") == hook.task_id
+        due = delayed.due_of(message)
+        if hdr.DUE in headers and (due is None or due <= self.now()):
+            # a retry published at once keeps its request's headers: a former due time
+            # would make the queues view count its age from then
+            message = {**message, "headers": {k: v for k, v in headers.items()
+                                              if k != hdr.DUE}}  # fmt: skip
+        if not hooked and (due is None or due <= self.now()):
             super()._put(queue, message, **kwargs)
             return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
-        with self.conn_or_acquire() as client:
-            hook.push(client, key, dumps(message))  # a retried publish runs it again
-        hook.ran = True
+        with self.conn_or_acquire() as client:  # a retried publish runs it again
+            if due is not None and due > self.now():
+                member = delayed.delay(key, message, due)
+                if hooked and hook is not None and hook.push_delayed is not None:
+                    hook.push_delayed(client, delayed.key_of(queue), due, member)
+                else:
+                    client.zadd(delayed.key_of(queue), {member: due})
+            elif hook is not None:
+                hook.push(client, key, dumps(message))
+        if hook is not None and hooked:
+            hook.ran = True
 
     # -- fetching ---------------------------------------------------------------------
 
     def basic_consume(
         self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
     ) -> Any:
-        """kombu's, remembering the queues read with ``no_ack``: their messages are not
-        recorded as unacked when claimed (kombu only skips its own ``qos.append``)."""
+        """kombu's, remembering the queues read with ``no_ack`` (their messages are not
+        recorded as unacked when claimed: kombu only skips its own ``qos.append``); a
+        consumer with acks starts the channel's keeper."""
         if no_ack:
             self._no_ack[consumer_tag] = queue
-        return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        answer = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        if not no_ack and self.keeper is None:
+            self._start_keeper()
+        return answer
+
+    def _start_keeper(self) -> None:
+        qos = self.qos
+        self.keeper = liveness.Keeper(
+            self.consumer_id,
+            client=self._create_client,
+            queues=lambda: [q for q in list(self.active_queues)
+                            if q not in self._no_ack.values()],
+            inboxes=lambda: {inbox: source for source, inbox in list(self._inboxes.items())},
+            restore=qos.restore_now,
+            unacked_index=self.unacked_index_key,
+            recovery_timeout=self.recovery_timeout,
+            mover_interval=float(self.mover_interval),
+            clock_offset=float(self.clock_offset),
+            renew=bool(self.renew_unacked),
+            scope=self.held_scope,
+            wanted=lambda: not self.closed,
+        )  # fmt: skip
+        self.keeper.start()
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         self._no_ack.pop(consumer_tag, None)
         return super().basic_cancel(consumer_tag)
 
     def _brpop_start(self, timeout: float | None = None) -> None:
-        # never longer than the block that check_timing weighed inbox_timeout against
+        # never longer than the block that check_timing weighed recovery_timeout against
         block = min(timeout or self.brpop_timeout, self.brpop_timeout)
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
@@ -270,40 +306,51 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         sources = list(
             dict.fromkeys(self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues)
         )
+        fresh = False
         for source in sources:
             if source not in self._inboxes:
                 self._inboxes[source] = INBOX.format(consumer=self.consumer_id, source=source)
+                fresh = True
         if len(sources) == 1:
             command = ["BLMOVE", sources[0], self._inboxes[sources[0]], "RIGHT", "LEFT", block]
-            self._send("BLMOVE", sources[:1], command)
+            self._send("BLMOVE", sources[:1], command, fresh)
         elif not self._swept_empty:
             inboxes = [self._inboxes[s] for s in sources]
-            self._send("EVAL", sources, ["EVAL", SWEEP, 2 * len(sources), *sources, *inboxes])
+            command = ["EVAL", SWEEP, 2 * len(sources), *sources, *inboxes]
+            self._send("EVAL", sources, command, fresh)
         else:
             self._turn = (self._turn + 1) % len(sources)
             source = sources[self._turn]
-            wait = min(self.fetch_wait, block)
+            wait = min(self._wait, block)
+            self._wait = min(self._wait * 2, max(float(self.fetch_wait_max), self.fetch_wait))
             command = ["BLMOVE", source, self._inboxes[source], "RIGHT", "LEFT", wait]
-            self._send("BLMOVE", [source], command)
+            self._send("BLMOVE", [source], command, fresh)
 
-    def _send(self, kind: str, sources: list[str], command: list[Any]) -> None:
-        """Send the fetch after this consumer's sign of life, in one write on the same
-        connection: Redis runs the three back to back, so the alive key (good for
-        ``inbox_timeout``, longer than any block) and the inbox's registration are
-        fresh whenever a fetch can fill the inbox. ``CLIENT REPLY SKIP`` drops the first
-        two replies: the fetch's is the only one to read, no round trip is added."""
-        skip = ["CLIENT", "REPLY", "SKIP"]
-        alive = ["SET", self.alive_key, 1, "PX", math.ceil(self.inbox_timeout * 1000)]
-        register = ["HSET", INBOXES]
-        for source in sources:
-            register += [self._inboxes[source], source]
+    def _send(self, kind: str, sources: list[str], command: list[Any], fresh: bool) -> None:
+        """Send the fetch, after this consumer's sign of life when it is due, in one
+        write on the same connection: Redis runs them back to back, so the consumer's
+        liveness (good for ``recovery_timeout``, renewed here at least every third of it,
+        and longer than any block) and the inbox's registration are fresh whenever a
+        fetch can fill the inbox. ``CLIENT REPLY SKIP`` drops the script's reply: the
+        fetch's is the only one to read, no round trip is added."""
+        commands: list[list[Any]] = []
+        now = monotonic()
+        if fresh or now - self._live_at >= self.recovery_timeout / 3:
+            pairs = [item for s in sources for item in (self._inboxes[s], s)]
+            commands += [["CLIENT", "REPLY", "SKIP"],
+                         ["EVAL", liveness.LIVE, 2, CONSUMERS, INBOXES, self.consumer_id,
+                          repr(self.recovery_timeout), *pairs]]  # fmt: skip
+            self._live_at = now
         connection = self.client.connection
         self._sent = (kind, sources)
         self._in_poll = connection
-        self._brpop_sent_at = monotonic()
-        connection.send_packed_command(
-            connection.pack_commands([skip, alive, skip, register, command])
-        )
+        self._brpop_sent_at = now
+        try:
+            connection.send_packed_command(connection.pack_commands([*commands, command]))
+        except BaseException:
+            self._in_poll = None  # nothing is in flight: the next poll sends again
+            self._live_at = -math.inf
+            raise
 
     def _brpop_read(self, **options: Any) -> bool:
         kind, sources = self._sent
@@ -312,11 +359,16 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 reply = self.client.parse_response(self.client.connection, kind, **options)
             except self.connection_errors:
                 self.client.connection.disconnect()
+                self._live_at = -math.inf  # a new connection: say it again
                 raise
             except ResponseError as exc:
-                if "client" not in str(exc).lower():
-                    raise
-                self.client.connection.disconnect()  # its replies are out of step now
+                # an error reply to the fetch or to what was sent with it: the replies
+                # still due on this connection are out of step, so it is dropped, and the
+                # error is one the worker reconnects from (kombu re-sends the fetch)
+                self.client.connection.disconnect()
+                self._live_at = -math.inf
+                if not refuses_client_reply(exc):
+                    raise RedisConnectionError(f"the fetch got an error reply: {exc}") from exc
                 raise ConfigurationError(
                     "conventions.transport.redis needs CLIENT REPLY on the broker's Redis "
                     f"({exc}): "
@@ -333,18 +385,20 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 if reply is None:
                     raise Empty()
                 source, entry = sources[0], reply
+            self._wait = float(self.fetch_wait)
             queue = source.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            if not self._claim_and_deliver(self._inboxes[source], entry, queue):
+            if not self._claim_and_deliver(self._inboxes[source], entry, queue, source):
                 raise Empty()
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
 
-    def _claim_and_deliver(self, inbox: str, entry: bytes, queue: str) -> bool:
+    def _claim_and_deliver(self, inbox: str, entry: bytes, queue: str, source: str) -> bool:
         """Move the entry from the inbox into the unacked set, then hand it to kombu;
-        False when a restore gave it back to its queue first (it is delivered there)."""
+        False when a restore gave it back to its queue first (it is delivered there), or
+        when it is not due yet (it went to the delayed set)."""
         payload, tag, exchange, routing_key = envelope.read(
             entry, queue, self.codecs, self.decode_body
         )
@@ -353,6 +407,13 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             logger.warning(
                 "queue %s held an entry kombu cannot take: %s", queue, facts.get("reason")
             )
+        due = delayed.due_of(payload)
+        if due is not None and due > self.now() + EARLY:
+            member = delayed.delay(source, payload, due)
+            with self.conn_or_acquire() as client:
+                self._defer(keys=[inbox, delayed.key_of(queue)], args=[entry, repr(due), member],
+                            client=client)  # fmt: skip
+            return False
         acked = queue not in self._no_ack.values()
         record = dumps([payload, exchange, routing_key]) if acked else ""
         keys = [inbox, self.unacked_index_key, self.unacked_key]
@@ -363,48 +424,36 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 return False
         if acked:
             self.claimed[tag] = True
+            liveness.hold(self.held_scope, tag)
         self.connection._deliver(payload, queue)
         return True
 
     # -- liveness and giving back -----------------------------------------------------
 
     def give_back_dead_inboxes(self) -> int:
-        """Move what dead consumers' inboxes hold back to the head of their queues (one
-        pipelined script per other consumer's inbox; a live one's is left alone). An
-        inbox is forgotten once found empty for ``inbox_timeout``, never at once: a
-        fetch of its consumer may still be blocked on it, as after ``close``."""
+        """Move what dead consumers' inboxes hold back to the head of their queues (a
+        live one's is left alone; one command when nobody died). A dead consumer is
+        forgotten once its inboxes stayed empty for ``recovery_timeout``, never at once:
+        a fetch of its may still be blocked on one, as after ``close``."""
         with self.conn_or_acquire() as client:
-            others = []
-            for raw_inbox, raw_source in client.hgetall(INBOXES).items():
-                inbox, source = bytes_to_str(raw_inbox), bytes_to_str(raw_source)
-                if consumer_of(inbox) != self.consumer_id:
-                    others.append((inbox, source))
-            if not others:
-                return 0
-            pipe = client.pipeline(transaction=False)
-            for inbox, source in others:
-                alive = ALIVE.format(consumer=consumer_of(inbox))
-                keys = [inbox, source, alive, INBOXES, DEAD_SINCE]
-                pipe.eval(GIVE_BACK, len(keys), *keys, repr(float(self.inbox_timeout)))
-            counts = [int(count) for count in pipe.execute()]
-        for (_, source), count in zip(others, counts, strict=True):
-            if count > 0:
-                logger.warning("gave %d message(s) of a dead consumer back to %s", count, source)
-        return sum(count for count in counts if count > 0)
+            return liveness.give_back_dead(client, self.consumer_id, self.recovery_timeout)
 
     def close(self) -> None:
-        """Stop saying this consumer is alive first, so that others give back at once
-        what a fetch still in flight may leave in its inbox."""
-        if self._inboxes and not self.closed:
+        """Stop the keeper and say this consumer is gone first, so that others give
+        back at once what a fetch still in flight may leave in its inbox."""
+        keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            keeper.stop()
+        if (self._inboxes or keeper is not None) and not self.closed:
             try:
                 with self.conn_or_acquire() as client:
-                    client.delete(self.alive_key)
-            except Exception:  # the broker is gone: the key expires by itself
-                logger.debug("could not delete %s", self.alive_key, exc_info=True)
+                    client.zadd(CONSUMERS, {self.consumer_id: 0})
+            except Exception:  # the broker is gone: its score lapses by itself
+                logger.debug("could not retire consumer %s", self.consumer_id, exc_info=True)
         super().close()
 
 
 class Transport(kredis.Transport):  # type: ignore[misc]
-    """kombu's Redis transport with the inbox fetch."""
+    """kombu's Redis transport with the inbox fetch, delayed sets and liveness."""
 
     Channel = Channel

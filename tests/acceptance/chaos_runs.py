@@ -22,6 +22,7 @@ import redis
 from sqlalchemy import Engine
 
 from conventions.store import open_store
+from conventions.transport import layout
 from conventions.transport.redis import in_inboxes
 from tests.acceptance.support_chaos import (
     APPLIED,
@@ -34,10 +35,13 @@ from tests.acceptance.support_chaos import (
     worker_env,
 )
 
-#: how long nothing may move before a run is declared over: longer than the chaos
-#: workers' 10 s visibility timeout + a 5 s restore mutex left by a worker killed
-#: mid-sweep + the 2 s sweep interval, so that a stranded message always comes back
+#: how long nothing may move before a run is declared over: longer than raw Celery's
+#: 10 s visibility timeout + a 5 s restore mutex left by a worker killed mid-sweep + the
+#: 2 s sweep interval (ours: the 6 s recovery bound + a 2 s sweep + a 2 s mutex), so that
+#: a stranded message always comes back
 STALL = 20.0
+#: lines of each worker's log printed when a run lost or duplicated a job
+LOG_TAIL = 40
 #: the longest a run may take, blows and drain included
 DEADLINE = 150.0
 #: the queue and the app of each profile
@@ -179,6 +183,27 @@ def _published(publisher: subprocess.Popen[bytes]) -> None:
 Blow = Callable[[Crew, random.Random], str]
 
 
+def diagnosis(server: RedisServer, crew: Crew, queue: str) -> str:
+    """What the broker holds and each worker's last log lines: printed when a run lost
+    or duplicated a job, so that a failure in CI says why."""
+    lines = [f"\n--- diagnosis: the broker ({server.url(0)}) ---"]
+    try:
+        with redis.Redis.from_url(server.url(0), socket_timeout=5) as broker:
+            lines.append(
+                f"{queue}: {broker.llen(queue)} waiting, {broker.hlen('unacked')} unacked, "
+                f"{in_inboxes(broker)} in inboxes, {layout.delayed(broker, queue)}; consumers "
+                f"alive {layout.consumers_alive(broker)}; restore mutex "
+                f"{broker.get('unacked_mutex')!r} (ttl {broker.ttl('unacked_mutex')})"
+            )
+    except redis.RedisError as exc:
+        lines.append(f"the broker did not answer: {exc!r}")
+    for worker in crew.all:
+        state = "alive" if worker.alive() else f"exited {worker.proc.returncode}"
+        tail = worker.output().splitlines()[-LOG_TAIL:]
+        lines += [f"--- {worker.name} ({state}), last {len(tail)} lines ---", *tail]
+    return "\n".join(lines)
+
+
 def run(  # noqa: PLR0917
     scenario: str,
     profile: str,
@@ -189,13 +214,15 @@ def run(  # noqa: PLR0917
     blows: list[Blow],
     seed: int,
     publish_first: bool = False,
+    env_extra: dict[str, str] | None = None,
 ) -> Outcome:
     """Publish ``jobs`` payment jobs to two workers of ``profile``, deal ``blows`` at
     random moments once work is under way (and, with ``publish_first``, once every job
-    is published), wait for the end, and count."""
+    is published), wait for the end, and count (``env_extra``: more of the workers'
+    environment)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    env = worker_env(server, engine, RAW_PROFILE=profile)
+    env = worker_env(server, engine, RAW_PROFILE=profile, **(env_extra or {}))
     broker = redis.Redis.from_url(server.url(0))
     crew = Crew(profile, env, folder)
     done: list[str] = []
@@ -217,6 +244,8 @@ def run(  # noqa: PLR0917
         crew.stop()
         broker.close()
     counts = measure(engine, receipts=profile == "ours")
+    if profile == "ours" and (counts["lost"] or counts["duplicated"]):
+        print(diagnosis(server, crew, QUEUES[profile]))
     dead_letters = None
     if profile == "ours":
         store = open_store(server.url(1))

@@ -17,6 +17,7 @@ amount to its order every time it runs (on purpose), so with one event per order
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -236,22 +237,36 @@ class Worker:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+#: the recovery bound of the chaos workers of ours (seconds): short, so that a dead
+#: worker's messages come back within the run (the default, 30, is measured apart)
+CHAOS_RECOVERY = "6"
+#: settings of the caller's environment a chaos worker never inherits
+INHERITED_NOT = frozenset({
+    "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "CONVENTIONS_VISIBILITY_TIMEOUT",
+    "CONVENTIONS_UNACKED_RESTORE_INTERVAL", "CONVENTIONS_UNACKED_MUTEX_EXPIRE",
+    "CONVENTIONS_CLOCK_OFFSET_SECONDS", "CONVENTIONS_RECOVERY_TIMEOUT",
+})  # fmt: skip
+
+
 def worker_env(server: RedisServer, engine: Engine, **extra: str) -> dict[str, str]:
     """The environment of a chaos worker or publisher: our Redis, our database, short
-    timeouts so that a dead worker's messages come back within the run."""
-    env = {
-        **os.environ,
+    timeouts so that a dead worker's messages come back within the run (ours: the
+    recovery bound; raw Celery's: the visibility timeout and kombu's sweep)."""
+    env = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
+    env |= {
         "PYTHONPATH": str(ROOT),
         "REDIS_URL": server.url(0),
         "CONVENTIONS_STORE_URL": server.url(1),
         "DATABASE_URL": engine.url.render_as_string(hide_password=False),
         "CONVENTIONS_LEASE_SECONDS": "3",
-        "CONVENTIONS_VISIBILITY_TIMEOUT": "10",
-        "CONVENTIONS_UNACKED_RESTORE_INTERVAL": "2",
-        "CONVENTIONS_UNACKED_MUTEX_EXPIRE": "5",
+        "CONVENTIONS_RECOVERY_TIMEOUT": CHAOS_RECOVERY,
     }
-    env.pop("CELERY_BROKER_URL", None)
-    env.pop("CELERY_RESULT_BACKEND", None)
+    if extra.get("RAW_PROFILE", "ours") != "ours":
+        env.update({
+            "CONVENTIONS_VISIBILITY_TIMEOUT": "10",
+            "CONVENTIONS_UNACKED_RESTORE_INTERVAL": "2",
+            "CONVENTIONS_UNACKED_MUTEX_EXPIRE": "5",
+        })  # fmt: skip
     env.update(extra)
     return env
 
@@ -318,5 +333,27 @@ def _publish_main(kind: str, count: int) -> None:
     print(f"published {count}", flush=True)
 
 
+def publish_delayed(env: dict[str, str], spec: list[dict[str, Any]]) -> None:
+    """Publish one payment job per item of ``spec`` (``event_id`` and ``countdown`` or
+    ``eta``, an ISO 8601 string) from a publisher process, and wait for it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.acceptance.support_chaos", "delayed", json.dumps(spec)],
+        cwd=ROOT, env=env, capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr).decode(errors="replace")
+
+
+def _publish_delayed_main(spec: list[dict[str, Any]]) -> None:
+    from tasks.payments import apply_event
+
+    for item in spec:
+        options = {k: item[k] for k in ("countdown", "eta") if item.get(k) is not None}
+        apply_event.apply_async(kwargs={"event_id": item["event_id"]}, **options)
+    print(f"published {len(spec)}", flush=True)
+
+
 if __name__ == "__main__":
-    _publish_main(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[1] == "delayed":
+        _publish_delayed_main(json.loads(sys.argv[2]))
+    else:
+        _publish_main(sys.argv[1], int(sys.argv[2]))

@@ -294,20 +294,22 @@ def test_a_malformed_entry_keeps_the_raw_entry_scrubbed_and_capped(
     wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
 
 
-def test_a_raw_eta_beyond_the_visibility_timeout_ends_as_one_dead_letter(
+def test_a_raw_eta_far_ahead_waits_in_the_delayed_set_not_in_a_worker(
     worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
 ) -> None:
+    """A foreign producer's message pushed straight into the queue with an ETA an hour
+    ahead: the worker's fetch puts it in the delayed set (the layer's transport), where
+    it waits for its time; no worker holds it, nothing is dead-lettered."""
     from tasks import app
 
-    eta = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    eta = datetime.now(UTC) + timedelta(hours=1)
     worker_process("hostile", QUEUE, concurrency=1, **WORKER_ENV)
-    broker_redis.lpush(QUEUE, json.dumps(envelope("hz-eta", eta=eta)))
-    record = wait_for(lambda: next(iter(app.store.list_dead_letters(limit=10)), None))
-    assert (record.category, record.task_id) == (Category.INVALID, "hz-eta")
-    assert "eta beyond the visibility timeout (20s)" in record.message
-    assert record.payload == {"call_id": "hz-eta"}  # replayable when it is due
-    assert app.AsyncResult("hz-eta").state == "FAILURE"  # a caller waiting gets an answer
-    # acked: nothing is held, so nothing comes back to pile up
+    broker_redis.lpush(QUEUE, json.dumps(envelope("hz-eta", eta=eta.isoformat())))
+    delayed = f"_cc.delayed.{QUEUE}"
+    wait_for(lambda: broker_redis.zcard(delayed) == 1)
+    ((member, due),) = broker_redis.zrange(delayed, 0, 0, withscores=True)
+    assert abs(due - eta.timestamp()) < 1 and '"hz-eta"' in member
     wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
+    assert app.store.count_dead_letters() == 0 and broker_redis.llen(QUEUE) == 0
+    broker_redis.delete(delayed)
     _good_job_runs("after-eta")
-    assert app.store.count_dead_letters() == 1

@@ -18,12 +18,14 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
+from conventions.transport import layout
 from conventions.transport import redis as broker
+from conventions.transport.layout import CONSUMERS
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.integration.helpers import wait_for
 
 URL = f"{REDIS_BASE}/{BROKER_DB}"
-OPTIONS = {"priority_steps": [0], "inbox_timeout": 2, "fetch_wait": 0.05}
+OPTIONS = {"priority_steps": [0], "recovery_timeout": 2, "fetch_wait": 0.05}
 
 
 @pytest.fixture
@@ -47,8 +49,11 @@ def publish(connection: Connection, queue: Queue, *bodies: Any) -> None:
                          declare=[queue])  # fmt: skip
 
 
-def consume(connection: Connection, queues: list[Queue], count: int) -> list[Any]:
-    """Drain ``count`` messages (acking each), in the order they arrive."""
+def consume(connection: Connection, queues: list[Queue], count: int, within: float = 10) -> (
+    list[Any]
+):  # fmt: skip
+    """Drain ``count`` messages (acking each), in the order they arrive, for ``within``
+    seconds at most."""
     got: list[Any] = []
 
     def on_message(message: Any) -> None:
@@ -56,7 +61,7 @@ def consume(connection: Connection, queues: list[Queue], count: int) -> list[Any
         message.ack()
 
     with Consumer(connection, queues, on_message=on_message):
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + within
         while len(got) < count and time.monotonic() < deadline:
             with contextlib.suppress(TimeoutError):
                 connection.drain_events(timeout=0.5)
@@ -68,7 +73,7 @@ def dead_consumer_fetches(client: redis.Redis, queue: str) -> str:
     consumer = uuid.uuid4().hex
     inbox = broker.INBOX.format(consumer=consumer, source=queue)
     client.hset(broker.INBOXES, inbox, queue)
-    client.set(broker.ALIVE.format(consumer=consumer), 1, px=300)
+    client.zadd(CONSUMERS, {consumer: layout.server_now(client) + 0.3})  # alive 0.3 s more
     assert client.lmove(queue, inbox, "RIGHT", "LEFT") is not None
     return inbox
 
@@ -89,9 +94,9 @@ def test_a_dead_consumers_inbox_goes_back_to_the_head_of_its_queue(
 
     assert channel.give_back_dead_inboxes() == 0  # still alive: left alone
     assert (client.llen(inbox), broker.in_inboxes(client) >= 1) == (1, True)
-    consumer = inbox.removeprefix(broker.INBOX.split("{", 1)[0]).split(":", 1)[0]
-    alive = broker.ALIVE.format(consumer=consumer)
-    wait_for(lambda: client.exists(alive) == 0 or None, timeout=5, every=0.05)  # it expired
+    consumer = broker.consumer_of(inbox)
+    lapsed = lambda: (client.zscore(CONSUMERS, consumer) or 0) < layout.server_now(client)  # noqa: E731
+    wait_for(lambda: lapsed() or None, timeout=5, every=0.05)  # its score lapsed
     assert channel.give_back_dead_inboxes() == 1
     # emptied, still known: a fetch of its consumer may still be under way
     assert (client.llen(inbox), client.hexists(broker.INBOXES, inbox)) == (0, True)
@@ -108,13 +113,13 @@ def test_a_slow_consumer_whose_message_was_given_back_drops_its_copy(
     try:
         inbox = broker.INBOX.format(consumer=slow.consumer_id, source=queue.name)
         client = slow.client
-        client.set(slow.alive_key, 1, ex=60)  # what its last fetch sent
-        client.hset(broker.INBOXES, inbox, queue.name)
+        client.zadd(CONSUMERS, {slow.consumer_id: layout.server_now(client) + 60})
+        client.hset(broker.INBOXES, inbox, queue.name)  # what its last fetch sent
         entry = client.lmove(queue.name, inbox, "RIGHT", "LEFT")
-        client.delete(slow.alive_key)  # its liveness expired while it was stalled
+        client.zadd(CONSUMERS, {slow.consumer_id: 1})  # it was stalled past its liveness
 
         assert sweeper.give_back_dead_inboxes() == 1
-        assert slow._claim_and_deliver(inbox, entry, queue.name) is False
+        assert slow._claim_and_deliver(inbox, entry, queue.name, queue.name) is False
         assert client.llen(queue.name) == 1  # the message is in its queue, once
         tag = json.loads(entry)["properties"]["delivery_tag"]
         assert not client.hexists(slow.unacked_key, tag)

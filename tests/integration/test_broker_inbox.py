@@ -3,8 +3,8 @@ filled is forgotten: a message is never stranded in an inbox that nobody sweeps.
 
 Two channels on a real Redis, each step driven by hand: ``blocked`` sends its ``BLMOVE``
 and never reads the reply (it dies there), ``sweeper`` runs the restore sweep that every
-worker runs. The interleaving that stranded a message: the blocked consumer's alive key
-goes while its ``BLMOVE`` still waits, a sweep forgets its (empty) inbox, the next
+worker runs. The interleaving that stranded a message: the blocked consumer's liveness
+lapses while its ``BLMOVE`` still waits, a sweep forgets its (empty) inbox, the next
 message lands in that inbox, and the consumer dies before claiming it.
 """
 
@@ -22,13 +22,14 @@ from kombu import Connection, Consumer, Exchange, Queue
 from conventions.config.profile import INBOX_TRANSPORT
 from conventions.errors import ConfigurationError
 from conventions.transport import redis as broker
+from conventions.transport.layout import CONSUMERS, server_now
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.integration.helpers import wait_for
 from tests.integration.test_broker import consume, publish
 
 URL = f"{REDIS_BASE}/{BROKER_DB}"
-#: blocks of 2 s (``polling_interval`` is kombu's ``brpop_timeout``), inboxes kept 5 s
-OPTIONS = {"priority_steps": [0], "inbox_timeout": 5, "polling_interval": 2}
+#: blocks of 2 s (``polling_interval`` is kombu's ``brpop_timeout``), liveness good for 5 s
+OPTIONS = {"priority_steps": [0], "recovery_timeout": 5, "polling_interval": 2}
 
 
 @pytest.fixture
@@ -41,6 +42,12 @@ def connection(services: None) -> Iterator[Connection]:
 def queue() -> Queue:
     name = f"inbox-gap-{uuid.uuid4().hex[:8]}"
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def retire(client: Any, consumer: Any) -> None:
+    """What a consumer's death does to its liveness: its keeper stops, its score lapses."""
+    consumer.keeper.stop()
+    client.zadd(CONSUMERS, {consumer.consumer_id: 1})
 
 
 @contextlib.contextmanager
@@ -67,7 +74,7 @@ def test_a_message_fetched_after_its_consumer_was_declared_dead_is_given_back(
     (consumer, inbox), sweeper = blocked, connection.channel()
     client = sweeper.client
 
-    client.delete(consumer.alive_key)  # its sign of life goes while its BLMOVE waits
+    retire(client, consumer)  # its sign of life goes while its BLMOVE waits
     assert sweeper.give_back_dead_inboxes() == 0  # nothing in its inbox yet
     publish(connection, queue, {"n": 1})
     wait_for(lambda: client.llen(inbox) == 1, timeout=1.5, every=0.01)
@@ -83,26 +90,30 @@ def test_every_blocking_fetch_renews_the_sign_of_life_and_the_inbox_registration
     services: None, queue: Queue
 ) -> None:
     client = redis.Redis.from_url(URL)
-    # a sign of life good for 12 s: a fetch 2 s after the last is well within it
-    with blocked_consumer(queue, {**OPTIONS, "inbox_timeout": 12}) as (consumer, inbox):
+    # a sign of life good for 12 s, renewed by a fetch once a third of it went by
+    with blocked_consumer(queue, {**OPTIONS, "recovery_timeout": 12}) as (consumer, inbox):
+        consumer.keeper.stop()  # the fetch alone
         with pytest.raises(broker.Empty):
             consumer._brpop_read()  # the first fetch times out after its 2 s block
         client.hdel(broker.INBOXES, inbox)  # as a sweep that found it dead would have
+        client.zadd(CONSUMERS, {consumer.consumer_id: 1})
+        consumer._live_at -= 4  # a third of its liveness ago
 
         consumer._brpop_start()  # the next fetch, at once
         wait_for(lambda: client.hexists(broker.INBOXES, inbox), timeout=1, every=0.01)
-        assert client.pttl(consumer.alive_key) > 11_000  # a whole inbox_timeout again
+        left = (client.zscore(CONSUMERS, consumer.consumer_id) or 0) - server_now(client)
+        assert left > 11  # a whole recovery_timeout again
         with pytest.raises(broker.Empty):
             consumer._brpop_read()
 
 
-def test_a_dead_consumers_empty_inbox_is_forgotten_only_after_inbox_timeout(
+def test_a_dead_consumers_empty_inbox_is_forgotten_only_after_recovery_timeout(
     connection: Connection, blocked: tuple[Any, str]
 ) -> None:
     (consumer, inbox), sweeper = blocked, connection.channel()
     client = sweeper.client
     consumer.client.connection.disconnect()
-    client.delete(consumer.alive_key)
+    retire(client, consumer)
 
     assert sweeper.give_back_dead_inboxes() == 0
     assert client.hexists(broker.INBOXES, inbox)  # a fetch may still be under way
@@ -117,12 +128,14 @@ def test_a_dead_consumers_empty_inbox_is_forgotten_only_after_inbox_timeout(
 @pytest.mark.parametrize(
     ("options", "complaint"),
     [
-        ({"inbox_timeout": 1}, r"inbox_timeout=1.*block"),
-        ({"inbox_timeout": 5, "polling_interval": 3}, r"inbox_timeout=5.*3"),
+        ({"recovery_timeout": 1}, r"recovery_timeout=1.*block"),
+        ({"recovery_timeout": 5, "polling_interval": 3}, r"recovery_timeout=5.*3"),
+        ({"inbox_timeout": 1}, r"recovery_timeout=1.*block"),  # its former name
         ({"polling_interval": 0}, r"block"),
+        ({"recovery_timeout": 40}, r"recovery_timeout=40 is above 36 s"),
     ],
 )
-def test_an_inbox_timeout_not_well_above_the_block_time_is_refused_at_setup(
+def test_a_recovery_timeout_not_well_above_the_block_time_or_above_a_minute_is_refused(
     services: None, options: dict[str, Any], complaint: str
 ) -> None:
     own = Connection(URL, transport=INBOX_TRANSPORT, transport_options=options)
@@ -147,3 +160,22 @@ def test_a_broker_that_refuses_client_reply_stops_the_fetch_with_the_fix(
                 channel._brpop_read()
     finally:
         admin.acl_deluser(user)
+
+
+def test_an_error_reply_to_a_fetch_drops_its_connection_and_is_one_to_reconnect_from(
+    services: None, queue: Queue
+) -> None:
+    """Replies still due on the connection would be out of step with the next fetch: it is
+    dropped, and the error is a connection error (the worker reconnects, never stops)."""
+    client = redis.Redis.from_url(URL)
+    try:
+        with blocked_consumer(queue, OPTIONS) as (consumer, _):
+            with pytest.raises(broker.Empty):
+                consumer._brpop_read()  # the first fetch times out
+            client.set(queue.name, "not a list")  # the next BLMOVE answers WRONGTYPE
+            consumer._brpop_start()
+            with pytest.raises(redis.ConnectionError, match="WRONGTYPE"):
+                consumer._brpop_read()
+            assert consumer.client.connection._sock is None and not consumer._in_poll
+    finally:
+        client.delete(queue.name)

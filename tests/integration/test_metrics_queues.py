@@ -16,6 +16,8 @@ import pytest
 import redis
 
 from conventions.observability import queues
+from conventions.ops import transport_view
+from conventions.transport import layout
 from tasks import app
 from tests.integration import support_metrics
 from tests.integration.exporter import ExporterProcess
@@ -57,6 +59,8 @@ def test_with_no_worker_the_oldest_age_grows_and_a_worker_drains_it_to_zero(
     assert elapsed - 5 <= age <= elapsed + 1, (age, elapsed)  # about 30 s
     assert scrape["celery_conventions_queue_consumers", "email", ""] == 0
     assert scrape["celery_conventions_queue_oldest_age_seconds", "heavy", ""] == 0
+    assert scrape["celery_conventions_queue_delayed", "email", ""] == 0
+    assert scrape["celery_conventions_queue_in_flight", "email", ""] == 0
 
     worker_process("drain", "email", concurrency=2, include="tests.integration.support_metrics")
 
@@ -66,6 +70,9 @@ def test_with_no_worker_the_oldest_age_grows_and_a_worker_drains_it_to_zero(
             now["celery_conventions_queue_depth", "email", ""] == 0
             and now["celery_conventions_queue_oldest_age_seconds", "email", ""] == 0
             and now["celery_conventions_queue_consumers", "email", ""] == 1
+            # the worker's sign of life, written by the layer's transport itself
+            and now["celery_conventions_queue_consumers_alive", "email", ""] == 1
+            and now["celery_conventions_queue_in_flight", "email", ""] == 0
         )
 
     wait_for(drained, timeout=120, every=0.5)
@@ -86,13 +93,18 @@ def test_the_queues_view_prints_depth_age_and_consumers(
     assert (rows["email"]["depth"], rows["email"]["consumers"]) == (3, 0)
     assert rows["email"]["age_source"] == "header" and rows["email"]["oldest_age"] >= 0
     assert rows["heavy"]["age_source"] == "empty"
+    held = ("delayed", "next_due_in", "in_flight", "in_inboxes", "consumers_alive")
+    assert [rows["email"][name] for name in held] == [0, None, 0, 0, 0]
     assert cli.main(["-A", "tests.integration.support_metrics:app", "queues", "--watch",
                      "--count", "2", "--interval", "0.2"]) == 0  # fmt: skip
     frames = capsys.readouterr().out.split("QUEUE")
     assert len(frames) == 3  # two tables
     email = next(line for line in frames[2].splitlines() if line.startswith("email"))
-    _, depth, oldest, slo, consumers, in_rate, out_rate = email.split()
+    _, depth, oldest, slo, delayed, due, flight, inboxes, consumers, alive, in_rate, out_rate = (
+        email.split()
+    )
     assert (depth, slo, consumers) == ("3", "120s", "0")  # celeryconfig's email SLO
+    assert (delayed, due, flight, inboxes, alive) == ("0", "-", "0", "0", "0")
     assert oldest.endswith("s") and float(oldest[:-1]) >= 0
     assert (in_rate, out_rate) == ("0.0", "0.0")  # the second frame has rates
     _empty_queues(broker_redis)
@@ -129,7 +141,11 @@ class CountingConnection(redis.Connection):
         return super().pack_commands(commands)
 
 
-def _commands_of_one_read(tmp_path: Path) -> tuple[list[str], list[queues.QueueState]]:
+def _commands_of_one_read(
+    tmp_path: Path, held: bool = False
+) -> tuple[list[str], list[queues.QueueState]]:
+    """The commands one read sends: the lists only, or (``held``) what the layer's
+    transport holds too."""
     pool = redis.ConnectionPool.from_url(
         str(app.conf.broker_url), connection_class=CountingConnection
     )
@@ -137,7 +153,8 @@ def _commands_of_one_read(tmp_path: Path) -> tuple[list[str], list[queues.QueueS
     try:
         client.ping()
         CountingConnection.sent.clear()
-        states = queues.from_app(app, client=client).read()
+        reader = transport_view.broker_reader(app, client) if held else queues.from_app(app, client)
+        states = reader.read()
         return list(CountingConnection.sent), states
     finally:
         client.close()
@@ -169,3 +186,27 @@ def test_reading_a_queue_of_100000_jobs_sends_as_few_commands_as_reading_one(
     assert set(many) == {"LLEN", "LINDEX"}  # both O(1) at index -1: nothing scans
     print(f"one read of {email.depth} waiting jobs: {len(many)} commands, {took * 1000:.1f} ms")
     _empty_queues(broker_redis)
+
+
+def test_reading_100000_delayed_jobs_sends_as_few_commands_as_reading_one(
+    broker_redis: redis.Redis, tmp_path: Path
+) -> None:
+    _empty_queues(broker_redis)
+    key = layout.DELAYED.format(queue="email")
+    broker_redis.delete(key)
+    due = time.time() + 7200
+    broker_redis.zadd(key, {"email\n{}": due})
+    few, states = _commands_of_one_read(tmp_path, held=True)
+    assert {s.queue: s.delayed for s in states}["email"] == 1
+    with broker_redis.pipeline(transaction=False) as pipe:
+        for n in range(99_999):
+            pipe.zadd(key, {f'email\n{{"n": {n}}}': due + n})
+        pipe.execute()
+    many, states = _commands_of_one_read(tmp_path, held=True)
+    email = {s.queue: s for s in states}["email"]
+    assert email.delayed == 100_000
+    assert email.next_due_in is not None and 7100 < email.next_due_in <= 7200
+    assert many == few  # the same commands, whatever the size of the delayed set
+    assert {"ZCARD", "ZRANGE"} <= set(many)
+    print(f"one read with {email.delayed} delayed jobs: {len(many)} commands")
+    broker_redis.delete(key)

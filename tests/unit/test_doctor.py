@@ -36,7 +36,8 @@ def _app(**conf: Any) -> App:
 _NUMBERS = itertools.count(1)
 _LAST = [""]
 #: what the configuration-wide findings are about
-CONFIG_SUBJECTS = ("serializers", "conventions_max_countdown", "task_create_missing_queues")
+CONFIG_SUBJECTS = ("serializers", "conventions_max_countdown", "task_create_missing_queues",
+                   "broker_transport_options['recovery_timeout']")  # fmt: skip
 
 
 def _job(app: App, workload: str = "email", **options: Any) -> str:
@@ -76,26 +77,44 @@ def test_a_workload_routed_to_an_undeclared_queue_is_an_error_that_names_the_fix
     assert "'bacth'" in finding.message and "task_queues" in finding.message
 
 
-def test_a_retry_cap_beyond_the_visibility_timeout_is_refused_with_the_fix() -> None:
-    app = _app()
+def _stock(visibility: float = 3600, **conf: Any) -> App:
+    """An app on kombu's stock Redis transport (the profile's promise broken on purpose),
+    whose visibility timeout is its recovery clock and bounds its delays."""
+    app = _app(broker_transport=None, **conf)
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options, "visibility_timeout": visibility,
+    }  # fmt: skip
+    return app
+
+
+def test_a_retry_cap_beyond_the_visibility_timeout_is_refused_on_the_stock_transport() -> None:
+    app = _stock()
     name = _job(app, backoff=Backoff(cap=7200))
     findings = static_checks(app, server=False)
     assert ("countdown-beyond-visibility", name) in _codes(findings)
     (message,) = [f.message for f in findings if f.subject == name]
     assert "lower the cap below 3540s" in message
     assert "visibility_timeout" in message
+    assert "conventions.transport.redis:Transport" in message  # the other fix
 
 
 def test_a_retry_cap_between_the_safe_countdown_and_the_visibility_timeout_is_a_warning() -> None:
-    app = _app()
+    app = _stock()
     name = _job(app, backoff=Backoff(cap=3580))
     assert _codes(static_checks(app, server=False), WARNING) == {("retry-cap-clamped", name)}
 
 
-def test_a_time_limit_beyond_the_visibility_timeout_is_an_error() -> None:
-    app = _app(broker_transport_options={"visibility_timeout": 600})
+def test_a_time_limit_beyond_the_visibility_timeout_is_an_error_on_the_stock_transport() -> None:
+    app = _stock(visibility=600)
     name = _job(app, time_limit=1800)
     assert ("time-limit-beyond-visibility", name) in _codes(static_checks(app, server=False))
+
+
+def test_on_the_layers_transport_any_delay_and_any_time_limit_are_sound() -> None:
+    app = _app(broker_transport_options={"visibility_timeout": 30, "recovery_timeout": 30})
+    _job(app, time_limit=1800, backoff=Backoff(cap=7 * 86400))
+    findings = static_checks(app, server=False)
+    assert _codes(findings) == _codes(findings, WARNING) == set()
 
 
 def test_a_time_limit_beyond_rabbitmqs_consumer_timeout_is_an_error() -> None:
@@ -131,16 +150,22 @@ def test_pickle_anywhere_is_an_error(conf: dict[str, Any]) -> None:
 
 
 def test_an_explicit_max_countdown_at_or_beyond_the_visibility_timeout_is_an_error() -> None:
-    app = _app(conventions_max_countdown=3600)
+    app = _stock(conventions_max_countdown=3600)
     assert ("countdown-beyond-visibility", "conventions_max_countdown") in _codes(
         static_checks(app, server=False)
     )
 
 
+def test_an_explicit_max_countdown_on_the_layers_transport_is_a_warning_it_is_unneeded() -> None:
+    findings = static_checks(_app(conventions_max_countdown=3600), server=False)
+    assert _codes(findings) == set()
+    assert _codes(findings, WARNING) == {("max-countdown-unneeded", "conventions_max_countdown")}
+
+
 def test_the_levels_setting_lowers_or_silences_a_check() -> None:
-    app = _app(
+    app = _stock(
+        visibility=120,
         accept_content=["pickle"],
-        broker_transport_options={"visibility_timeout": 120},
         conventions_doctor_levels={
             "pickle-accepted": "warning",
             "time-limit-beyond-visibility": "off",

@@ -10,7 +10,13 @@ from kombu.utils.imports import symbol_by_name
 
 from conventions import App, ConfigurationError
 from conventions.config import profile
-from conventions.config.profile import INBOX_TRANSPORT, PUBLISH_TIMEOUT, promises, reliable
+from conventions.config.profile import (
+    INBOX_TRANSPORT,
+    PUBLISH_TIMEOUT,
+    RECOVERY_TIMEOUT,
+    promises,
+    reliable,
+)
 from conventions.jobs import routing
 from conventions.ops.doctor import profile_findings, static_checks
 from conventions.store.redis import SOCKET_TIMEOUT, RedisStore
@@ -34,7 +40,12 @@ def test_the_profile_holds_the_whole_reliable_configuration() -> None:
     assert conf["worker_soft_shutdown_timeout"] > 0
     assert conf["task_serializer"] == "json" and conf["accept_content"] == ["json"]
     assert conf["broker_transport_options"]["socket_timeout"] == PUBLISH_TIMEOUT
-    assert conf["task_time_limit"] < conf["broker_transport_options"]["visibility_timeout"]
+    options = conf["broker_transport_options"]
+    # a live worker renews its jobs: the transport's visibility timeout is the recovery
+    # bound, none is set for another transport (kombu's default, 3600 s, applies there)
+    assert options["recovery_timeout"] == RECOVERY_TIMEOUT
+    assert "visibility_timeout" not in options
+    assert options["unacked_mutex_expire"] <= RECOVERY_TIMEOUT / 3
     assert conf["conventions_store_url"] == REDIS
     # and it keeps every promise it lists
     assert all(p.kept_by(p.found(conf)) for p in promises(conf))
@@ -59,7 +70,9 @@ def test_the_reference_config_applies_the_profile_and_keeps_every_promise() -> N
 
     conf = {k: v for k, v in vars(celeryconfig).items() if not k.startswith("_")}
     assert list(profile_findings(conf)) == []
-    assert conf["broker_transport_options"]["visibility_timeout"] == celeryconfig.VISIBILITY_TIMEOUT
+    options = conf["broker_transport_options"]
+    assert options["recovery_timeout"] == celeryconfig.RECOVERY_TIMEOUT == 30
+    assert "renew_unacked" not in options  # on: the heavy lane's 30-minute jobs are renewed
     assert conf["conventions_workloads"] == celeryconfig.WORKLOADS
 
 
@@ -110,10 +123,18 @@ def test_a_default_is_overridden_freely_and_transport_options_are_merged() -> No
     assert conf["broker_transport_options"]["socket_timeout"] == PUBLISH_TIMEOUT
 
 
-def test_a_time_limit_beyond_the_visibility_timeout_is_refused_unless_allowed() -> None:
+def test_a_time_limit_beyond_the_visibility_timeout_is_refused_without_renewal_unless_allowed(
+) -> None:  # fmt: skip
+    norenew = {"broker_transport_options": {"renew_unacked": False}}
     with pytest.raises(ConfigurationError, match="beyond the visibility timeout"):
-        _profile(visibility_timeout=60)
-    assert _profile(visibility_timeout=60, allow={"visibility_timeout"})["task_time_limit"] == 300
+        _profile(visibility_timeout=60, **norenew)
+    conf = _profile(visibility_timeout=60, allow={"visibility_timeout"}, **norenew)
+    assert conf["task_time_limit"] == 300
+    # kombu's own transport has no renewal: its visibility timeout is the old clock
+    kombus = _profile(broker_transport="redis", allow={"broker_transport"})
+    assert "visibility_timeout" not in kombus["broker_transport_options"]
+    # the layer's transport renews: a time limit far beyond the recovery bound is fine
+    assert _profile(task_time_limit=1800, task_soft_time_limit=1700)["task_time_limit"] == 1800
     with pytest.raises(ConfigurationError, match="soft limit must come first"):
         _profile(task_soft_time_limit=300)
 

@@ -1,0 +1,162 @@
+"""What an idle worker and the fleet's sweeps cost Redis: commands, not seconds.
+
+Every figure is counted on a ``redis-server`` of this section's own (``INFO
+commandstats``, so no other client's commands mix in; a command a script calls counts
+once, as its ``EVAL``):
+
+* **idle commands/s** of one consumer (kombu, prefetch 1, nothing to fetch) reading 1, 2
+  and 5 queues, on the layer's transport (fetch, keeper, mover, sweeps) and on kombu's
+  own (``BRPOP``);
+* **per worker, for a fleet** of 1, 10 and 50 simulated consumers: each runs a real
+  :class:`~conventions.transport.liveness.Keeper` (beats, sweeps, mover) in this process;
+  the fleet's commands/s divided by its size must not grow with it;
+* **one sweep** (the dead-inbox give-back) when nobody died: commands per call for 1,
+  10, 50 registered consumers, against the former design's (one script per inbox of
+  every other consumer: grows with the fleet, so the fleet's load with its square).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from kombu import Connection, Consumer, Exchange, Queue
+
+from bench.report import Report, Row
+from conventions.transport import liveness
+from conventions.transport.layout import CONSUMERS, INBOX, INBOXES
+
+#: commands only scripts call in these runs: counted once, as the script's EVAL
+INNER = {"zrange", "lmove", "time", "hset", "zadd", "zrem", "lpush", "hget", "hdel",
+         "zscore", "lrem", "zcard"}  # fmt: skip
+FLEETS = (1, 10, 50)
+
+
+@contextlib.contextmanager
+def own_redis() -> Iterator[redis.Redis]:
+    """A throwaway ``redis-server`` on a free port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"], stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def calls(client: redis.Redis) -> int:
+    """Commands clients sent so far (this ``INFO`` included)."""
+    stats = client.info("commandstats")
+    return sum(int(s["calls"]) for name, s in stats.items()
+               if name.removeprefix("cmdstat_") not in INNER)  # fmt: skip
+
+
+def rate(client: redis.Redis, seconds: float, tick: Any = None) -> float:
+    """Commands/s clients sent over ``seconds`` (``tick``: called meanwhile)."""
+    before, started = calls(client), time.monotonic()
+    while time.monotonic() - started < seconds:
+        if tick is not None:
+            tick()
+        else:
+            time.sleep(0.1)
+    return (calls(client) - before - 1) / (time.monotonic() - started)
+
+
+def idle_consumer(client: redis.Redis, transport: str, queues: int, seconds: float) -> float:
+    """Commands/s of one idle consumer of ``queues`` queues."""
+    url = f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+    names = ["email", "heavy", *[f"q{n}" for n in range(queues - 2)]][:queues]
+    declared = [Queue(n, Exchange(n, type="direct"), routing_key=n) for n in names]
+    options = {"priority_steps": [0]}
+    with (
+        Connection(url, transport=transport, transport_options=options) as connection,
+        Consumer(connection, declared, on_message=lambda message: None, prefetch_count=1),
+    ):
+
+        def drain() -> None:
+            with contextlib.suppress(TimeoutError):
+                connection.drain_events(timeout=0.5)
+
+        warm = time.monotonic() + 3  # the first beats and sweeps, the fetch wait grown
+        while time.monotonic() < warm:
+            drain()
+        return rate(client, seconds, drain)
+
+
+def fleet(client: redis.Redis, size: int, seconds: float) -> float:
+    """Commands/s per simulated consumer of a fleet of ``size`` live keepers."""
+    keepers = [
+        liveness.Keeper(uuid.uuid4().hex, client=lambda: client, queues=lambda: ["email"],
+                        inboxes=lambda: {}, restore=lambda: None, unacked_index="unacked_index",
+                        recovery_timeout=30.0, mover_interval=1.0)
+        for _ in range(size)
+    ]  # fmt: skip
+    for keeper in keepers:
+        keeper.start()
+    try:
+        time.sleep(2)
+        return rate(client, seconds) / size
+    finally:
+        for keeper in keepers:
+            keeper.stop()
+
+
+def sweep_cost(client: redis.Redis, size: int) -> int:
+    """Commands of one sweep when nobody died, with ``size`` consumers registered."""
+    client.flushdb()
+    now = float(client.time()[0])
+    for _ in range(size):
+        consumer = uuid.uuid4().hex
+        client.zadd(CONSUMERS, {consumer: now + 30})
+        client.hset(INBOXES, INBOX.format(consumer=consumer, source="email"), "email")
+    before = calls(client)
+    liveness.give_back_dead(client, "sweeper", grace=30)
+    return calls(client) - before - 1
+
+
+def section(report: Report, _client: Any, *, seconds: float = 10.0) -> None:
+    if shutil.which("redis-server") is None:
+        report.notes.append("idle: skipped (no redis-server to count commands on)")
+        return
+    with own_redis() as client:
+        for queues in (1, 2, 5):
+            ours = idle_consumer(client, "conventions.transport.redis:Transport", queues, seconds)
+            client.flushdb()
+            kombu = idle_consumer(client, "redis", queues, seconds)
+            client.flushdb()
+            report.add(Row("idle", f"idle consumer of {queues} queue(s), commands/s", ours,
+                           "cmd/s", "<= 5", f"kombu's BRPOP: {kombu:.1f}/s"))  # fmt: skip
+        for size in FLEETS:
+            per = fleet(client, size, seconds)
+            client.flushdb()
+            report.add(Row("idle", f"keeper per consumer, fleet of {size}, commands/s", per,
+                           "cmd/s", "<= 2"))  # fmt: skip
+        for size in FLEETS:
+            cost = sweep_cost(client, size)
+            former = f"former design: {size + 1} (the registry, then one script per inbox)"
+            what = f"one sweep, nobody dead, {size} consumers, commands"
+            report.add(Row("idle", what, cost, "cmd", "<= 1", former))
+        client.flushdb()

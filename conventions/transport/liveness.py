@@ -1,0 +1,273 @@
+"""Recovery by liveness: a live consumer keeps what it holds fresh, a dead one's is given
+back within ``recovery_timeout``.
+
+Every consuming channel of :mod:`conventions.transport.redis` (one that consumes with
+acks: never a publisher, never ``celery inspect``'s reply queue) runs a :class:`Keeper`,
+a daemon thread (it runs under every pool, the solo pool and Celery's test worker too,
+which do not run kombu's event loop) that:
+
+* every ``recovery_timeout / 3`` seconds runs :data:`BEAT`: the consumer's score in
+  ``_cc.consumers`` (Redis clock + ``recovery_timeout``), its description, its inboxes'
+  registration and the ``unacked_index`` score of every message the process holds
+  unacknowledged, all in one script: the sign of life and the in-flight set are renewed
+  together. kombu's restore gives a message back once its score is older than the
+  visibility timeout, which the channel sets to ``recovery_timeout``: a job that runs
+  for hours on a live worker stays fresh, an orphan's goes back;
+* about as often, sweeps: :data:`DEAD` finds consumers whose score lapsed (one command
+  when nobody died, whatever the size of the fleet); each one's inboxes are given back
+  (:data:`GIVE_BACK`, atomic and exclusive) and it is forgotten once they stayed empty
+  for ``recovery_timeout``; then kombu's restore of the unacked set. A keeper sweeps
+  only once it has itself been beating without a failure for one beat period: after an
+  outage of Redis every live keeper renews before anyone takes it for dead;
+* every ``mover_interval`` seconds (sooner when a member falls due) moves the due
+  messages of its queues' delayed sets (:mod:`conventions.transport.delayed`): the
+  fleet moves them, no single mover can die, and a worker whose slots are all busy
+  still moves.
+
+Worst case from a consumer's death to its messages being back in their queue:
+``recovery_timeout`` (its last score lapses) + one sweep period (``recovery_timeout / 3``)
++ ``unacked_mutex_expire`` when a sweeper died holding kombu's restore mutex (the
+profile sets it to ``recovery_timeout / 3``): at most 50 s with the default 30 s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from time import monotonic, time
+from typing import Any
+
+from kombu.utils.encoding import bytes_to_str
+
+from conventions.transport import delayed
+from conventions.transport.layout import CONSUMER, CONSUMERS, DEAD_SINCE, INBOX, INBOXES
+
+logger = logging.getLogger("conventions.transport.liveness")
+
+#: when a sweep first found each dead consumer's inboxes empty (Redis clock, seconds)
+#: dead consumers one sweep gives back at most
+DEAD_PER_SWEEP = 20
+#: the delivery tags this process holds unacknowledged, by the unacked index they are in
+#: (server, database and key: a process may consume from more than one broker), each with
+#: the number of its claim; on any channel of that index: a channel closed by a
+#: reconnect leaves its running jobs' messages here, renewed by the next keeper
+HELD: dict[str, dict[str, int]] = {}
+_claims = itertools.count(1)
+
+
+def hold(scope: str, tag: str) -> None:
+    """Renew ``tag``'s score in the index ``scope`` from now on (it was just claimed)."""
+    HELD.setdefault(scope, {})[tag] = next(_claims)
+
+
+def release(tag: str) -> None:
+    """Stop renewing ``tag`` (acked or rejected)."""
+    for held in list(HELD.values()):
+        held.pop(tag, None)
+
+
+#: KEYS: consumers, consumer hash, unacked index, inbox registry; ARGV: consumer,
+#: horizon s, queues, host, pid, since, client now, inbox pairs count, pairs..., tags...
+#: -> the tags no longer in the index (acked, or given back): no longer held
+BEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], string.format('%.6f', now + tonumber(ARGV[2])), ARGV[1])
+redis.call('HSET', KEYS[2], 'queues', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
+           'since', ARGV[6])
+local i = 9
+for _ = 1, tonumber(ARGV[8]) do
+  redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+local gone = {}
+for j = i, #ARGV do
+  if redis.call('ZADD', KEYS[3], 'XX', 'CH', ARGV[7], ARGV[j]) == 0 then
+    gone[#gone + 1] = ARGV[j]
+  end
+end
+return gone
+"""
+#: sent in front of a fetch (KEYS: consumers, inbox registry; ARGV: consumer, horizon s,
+#: inbox/source pairs...): alive and the inboxes registered whenever a fetch can fill them
+LIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], 'GT', string.format('%.6f', now + tonumber(ARGV[2])), ARGV[1])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+#: KEYS: consumers; ARGV: limit -> ids of consumers whose score lapsed (Redis clock)
+DEAD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+return redis.call('ZRANGE', KEYS[1], '-inf', string.format('%.6f', now), 'BYSCORE',
+                  'LIMIT', 0, tonumber(ARGV[1]))
+"""
+#: KEYS: consumers, consumer hash, inbox registry, dead-since, inboxes...; ARGV: consumer,
+#: grace s, sources... (one per inbox) -> entries given back, -1 if it is alive again.
+#: Its inboxes and itself are forgotten once found empty for ``grace``: a fetch still
+#: under way may yet fill an inbox, and a later sweep gives that back.
+GIVE_BACK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) > now then
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  return -1
+end
+local moved = 0
+for i = 5, #KEYS do
+  while redis.call('LMOVE', KEYS[i], ARGV[i - 2], 'LEFT', 'RIGHT') do moved = moved + 1 end
+end
+local since = tonumber(redis.call('HGET', KEYS[4], ARGV[1]))
+if moved > 0 or not since then
+  redis.call('HSET', KEYS[4], ARGV[1], string.format('%.6f', now))
+elseif now - since >= tonumber(ARGV[2]) then
+  for i = 5, #KEYS do redis.call('HDEL', KEYS[3], KEYS[i]) end
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('DEL', KEYS[2])
+  redis.call('HDEL', KEYS[4], ARGV[1])
+end
+return moved
+"""
+
+
+def inbox_prefix(consumer: str) -> str:
+    return INBOX.format(consumer=consumer, source="")
+
+
+def give_back_dead(client: Any, own: str, grace: float, limit: int = DEAD_PER_SWEEP) -> int:
+    """Give back what dead consumers' inboxes hold (one command when nobody died);
+    ``own``: this consumer, never taken for dead by itself."""
+    dead = [bytes_to_str(c) for c in client.eval(DEAD, 1, CONSUMERS, limit)]
+    dead = [c for c in dead if c != own]
+    if not dead:
+        return 0
+    registry = {bytes_to_str(k): bytes_to_str(v) for k, v in client.hgetall(INBOXES).items()}
+    total = 0
+    for consumer in dead:
+        prefix = inbox_prefix(consumer)
+        inboxes = [(i, s) for i, s in registry.items() if i.startswith(prefix)]
+        keys = [CONSUMERS, CONSUMER.format(consumer=consumer), INBOXES, DEAD_SINCE,
+                *(i for i, _ in inboxes)]  # fmt: skip
+        args = [consumer, repr(float(grace)), *(s for _, s in inboxes)]
+        moved = int(client.eval(GIVE_BACK, len(keys), *keys, *args))
+        if moved > 0:
+            logger.warning("gave %d message(s) of dead consumer %s back", moved, consumer)
+            total += moved
+    return total
+
+
+class Keeper(threading.Thread):
+    """The daemon thread of one consuming channel (see the module's docstring).
+
+    ``client``: a callable answering a thread-safe Redis client; ``queues``: the queues
+    the channel consumes now; ``inboxes``: its inbox -> source registrations;
+    ``restore``: kombu's restore of the unacked set past the visibility timeout;
+    ``scope``: the unacked index's server, database and key (:data:`HELD`)."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        consumer: str,
+        client: Callable[[], Any],
+        queues: Callable[[], list[str]],
+        inboxes: Callable[[], dict[str, str]],
+        restore: Callable[[], None],
+        unacked_index: str,
+        recovery_timeout: float,
+        mover_interval: float,
+        clock_offset: float = 0.0,
+        renew: bool = True,
+        scope: str = "",
+        wanted: Callable[[], bool] = lambda: True,
+    ) -> None:
+        super().__init__(name=f"cc-keeper-{consumer[:8]}", daemon=True)
+        self.consumer, self.client, self.queues, self.inboxes = consumer, client, queues, inboxes
+        self.restore, self.unacked_index = restore, unacked_index
+        self.recovery_timeout, self.mover_interval = recovery_timeout, mover_interval
+        self.clock_offset, self.renew, self.scope = clock_offset, renew, scope
+        #: False once the channel is closed: the keeper ends (a closed channel's would
+        #: keep a consumer alive whose inboxes nobody fills any more)
+        self.wanted = wanted
+        self.period = recovery_timeout / 3
+        self.stopping = threading.Event()
+        self.since = time()
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self._mover: Any = None
+        #: monotonic time since which every beat succeeded (None: the last one failed)
+        self._healthy_since: float | None = None
+        self.beats = 0
+        self.failures = 0
+
+    def stop(self, wait: float = 2.0) -> None:
+        self.stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(wait)
+
+    def run(self) -> None:
+        next_beat = next_sweep = 0.0
+        while not self.stopping.is_set() and self.wanted():
+            pause = self.mover_interval
+            try:
+                now = monotonic()
+                if now >= next_beat:
+                    self.beat()
+                    next_beat = now + self.period
+                    if self._healthy_since is None:
+                        self._healthy_since = now
+                        next_sweep = now + self.period  # let every live keeper renew first
+                if now >= next_sweep:
+                    self.sweep()
+                    next_sweep = now + self.period
+                moved = self.move()
+                if moved.next_due is not None:
+                    pause = min(pause, max(0.01, moved.next_due - self.now()))
+                if moved.moved >= delayed.MOVE_LIMIT:
+                    pause = 0.0  # a backlog: the next batch at once
+            except Exception as exc:
+                if self._healthy_since is not None or not self.failures:
+                    logger.warning("keeper of consumer %s: Redis does not answer (%s); "
+                                   "renewing again once it does", self.consumer, exc)  # fmt: skip
+                self._healthy_since = None
+                self.failures += 1
+                logger.debug("keeper of %s: Redis call failed", self.consumer, exc_info=True)
+                next_beat = 0.0  # renew first once Redis answers again
+            self.stopping.wait(pause)
+
+    def now(self) -> float:
+        return time() + self.clock_offset
+
+    def beat(self) -> int:
+        """One renewal: alive, described, inboxes registered, held messages fresh;
+        answers how many were renewed."""
+        pairs = [item for pair in self.inboxes().items() for item in pair]
+        mine = HELD.setdefault(self.scope, {})
+        held = dict(mine) if self.renew else {}
+        keys = [CONSUMERS, CONSUMER.format(consumer=self.consumer), self.unacked_index, INBOXES]
+        args = [self.consumer, repr(float(self.recovery_timeout)), ",".join(self.queues()),
+                self.host, self.pid, repr(self.since), repr(time()), len(pairs) // 2, *pairs,
+                *held]  # fmt: skip
+        gone = [bytes_to_str(t) for t in self.client().eval(BEAT, len(keys), *keys, *args)]
+        for tag in gone:  # not re-claimed since the snapshot: forget it
+            if mine.get(tag) == held.get(tag):
+                mine.pop(tag, None)
+        self.beats += 1
+        return len(held) - len(gone)
+
+    def sweep(self) -> int:
+        """Give back dead consumers' inboxes, then kombu's restore of the unacked set."""
+        client = self.client()
+        moved = give_back_dead(client, self.consumer, self.recovery_timeout)
+        self.restore()
+        return moved
+
+    def move(self) -> delayed.Moved:
+        client = self.client()
+        if self._mover is None or self._mover.registered_client is not client:
+            self._mover = client.register_script(delayed.MOVE)
+        return delayed.move(client, self._mover, self.queues(), self.now())
