@@ -1,5 +1,5 @@
 """Recovery by liveness: a live consumer keeps what it holds fresh, a dead one's is given
-back within ``recovery_timeout``.
+back within 5/3 of ``recovery_timeout``.
 
 Every consuming channel of :mod:`conventions.transport.redis` (one that consumes with
 acks: never a publisher, never ``celery inspect``'s reply queue) runs a :class:`Keeper`,
@@ -48,7 +48,6 @@ from conventions.transport.layout import CONSUMER, CONSUMERS, DEAD_SINCE, INBOX,
 
 logger = logging.getLogger("conventions.transport.liveness")
 
-#: when a sweep first found each dead consumer's inboxes empty (Redis clock, seconds)
 #: dead consumers one sweep gives back at most
 DEAD_PER_SWEEP = 20
 #: the delivery tags this process holds unacknowledged, by the unacked index they are in
