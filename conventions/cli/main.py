@@ -16,6 +16,7 @@ Inside Celery's CLI the app is the one ``celery -A`` loaded (with ``--config``,
     conventions outbox relay|status|dead|init         (conventions.cli.outbox)
     conventions schedule list|trigger|check           (conventions.cli.schedule)
     conventions keys show|clear                       (conventions.cli.keys)
+    conventions web                                   (conventions.cli.web)
 
 Every connection a command opens waits at most ``--timeout`` seconds. Exit status: 0
 done, 1 refused or not found, 2 a usage error, 3 a backend did not answer (see
@@ -38,6 +39,7 @@ from conventions.cli import lifecycle as cli_lifecycle
 from conventions.cli import observe as cli_observe
 from conventions.cli import outbox as cli_outbox
 from conventions.cli import schedule as cli_schedule
+from conventions.cli import web as cli_web
 
 #: the distribution whose version ``--version`` prints
 DISTRIBUTION = "celery-conventions"
@@ -112,6 +114,7 @@ for _command in (
     *cli_outbox.COMMANDS,
     *cli_schedule.COMMANDS,
     *cli_keys.COMMANDS,
+    *cli_web.COMMANDS,
 ):
     cli.add_command(_command)
 

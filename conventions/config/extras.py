@@ -29,6 +29,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "metrics": ("prometheus_client",),
     "django": ("django", "sqlalchemy", "psycopg"),
     "testing": ("pytest", "sqlalchemy"),
+    "console": ("starlette", "jinja2", "uvicorn"),
 }
 
 

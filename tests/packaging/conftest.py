@@ -33,6 +33,9 @@ OPTIONAL = (
     "prometheus_client",
     "django",
     "pytest",
+    "starlette",
+    "jinja2",
+    "uvicorn",
 )
 #: variables of this suite (or of a developer's shell) that must not reach the venv's
 #: processes: they would point them at the repository or at the reference app's settings

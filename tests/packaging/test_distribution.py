@@ -37,6 +37,7 @@ EXTRAS = {
     "metrics": {"prometheus-client"},
     "django": {"django", "sqlalchemy", "psycopg"},
     "testing": {"pytest", "sqlalchemy"},
+    "console": {"starlette", "jinja2", "uvicorn"},
 }
 
 

@@ -1,0 +1,129 @@
+"""``console_app``: the console as an ASGI app (Starlette), ready to mount or serve.
+
+    from conventions.console import Principal, Role, console_app
+
+    def authorizer(request):            # the host app's own login decides
+        user = request.scope.get("user")
+        return Principal(user.email, Role.OPERATOR) if user else None
+
+    fastapi_app.mount("/ops", console_app(app, authorizer=authorizer))
+
+Without an authorizer the console refuses to be built, unless ``insecure_local=True``:
+then every client on this machine is an admin named after the OS user, and any other
+client is refused (``conventions web --insecure-local``, for a developer's laptop).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conventions.config.extras import require
+
+require("starlette", "console", "the operator's console")
+require("jinja2", "console", "the operator's console")
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import RedirectResponse, Response  # noqa: E402
+from starlette.routing import BaseRoute, Mount, Route  # noqa: E402
+from starlette.staticfiles import StaticFiles  # noqa: E402
+from starlette.templating import Jinja2Templates  # noqa: E402
+from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
+
+from conventions.console import auth  # noqa: E402
+from conventions.console.context import Console, Refused, base_path, render  # noqa: E402
+from conventions.console.pages import deadletters, queues, schedules, trace  # noqa: E402
+from conventions.errors import ConfigurationError  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+#: what every response says to the browser: no framing, scripts and styles of ours only
+SECURITY_HEADERS = (
+    (
+        b"content-security-policy",
+        b"default-src 'self'; img-src 'self' data:; form-action 'self'; "
+        b"frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+)
+
+
+class SecurityHeaders:
+    """Adds ``SECURITY_HEADERS`` to every HTTP response of the console."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+async def _home(request: Request) -> Response:
+    return RedirectResponse(f"{base_path(request)}/queues", status_code=303)
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    return render(request, None, "error.html", {"message": exc.message}, status=exc.status)
+
+
+def routes() -> list[BaseRoute]:
+    """Every route of the console (the static files included)."""
+    return [
+        Route("/", _home, name="home"),
+        *queues.ROUTES,
+        *deadletters.ROUTES,
+        *trace.ROUTES,
+        *schedules.ROUTES,
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+
+
+def console_app(
+    app: Any,
+    *,
+    authorizer: auth.Authorizer | None = None,
+    insecure_local: bool = False,
+    secret: bytes | None = None,
+    title: str = "conventions",
+    refresh_seconds: float = 5.0,
+) -> Starlette:
+    """The console of ``app`` (a ``conventions.App``) as an ASGI app.
+
+    ``authorizer`` gives each request's principal (see ``conventions.console.auth``);
+    ``secret`` signs the CSRF tokens (give the same one to every process serving the
+    console behind one address; default: random per process).
+    """
+    if authorizer is None:
+        if not insecure_local:
+            raise ConfigurationError(
+                "console_app needs an authorizer (a callable of the request returning a "
+                "Principal or None); for a console on this machine only, pass "
+                "insecure_local=True (conventions web --insecure-local)"
+            )
+        authorizer = auth.local_admin
+    templates = Jinja2Templates(directory=HERE / "templates")
+    console = Console(
+        app=app,
+        authorizer=authorizer,
+        templates=templates,
+        title=title,
+        refresh_seconds=refresh_seconds,
+    )
+    if secret is not None:
+        console.secret = secret
+    web = Starlette(routes=routes(), exception_handlers={Refused: _refused})
+    web.state.console = console
+    web.add_middleware(SecurityHeaders)
+    return web

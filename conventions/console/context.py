@@ -1,0 +1,146 @@
+"""What every page of the console shares: the console's state, who asks, the forms.
+
+A page handler calls :func:`require` (GET) or :func:`submitted` (POST) first: the
+authorizer is asked on every request, the role checked for the page's action, and a
+POST's CSRF token verified, before anything is read or changed. :func:`render` fills a
+template with what the layout needs (the mount's base path, the principal, the token).
+"""
+
+from __future__ import annotations
+
+import inspect
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from conventions.console import csrf
+from conventions.console.auth import Authorizer, Principal
+from conventions.console.rates import Rates
+
+#: the largest form body the console reads (a selection of a few hundred ids)
+MAX_FORM_BYTES = 64 * 1024
+#: the pages of the layout's navigation, in order: (path, label). Run history (issue
+#: #24's ``runs`` pages) comes with the store's run records; until then it has no entry.
+NAV: tuple[tuple[str, str], ...] = (
+    ("/queues", "Queues"),
+    ("/dead-letters", "Dead letters"),
+    ("/trace", "Trace"),
+    ("/schedules", "Schedules"),
+)
+
+
+class Refused(Exception):
+    """A request the console answers with an error page: the status and why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Console:
+    """The state of one console: the layer's app, the authorizer, the signing secret."""
+
+    app: Any
+    authorizer: Authorizer
+    templates: Jinja2Templates
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    title: str = "conventions"
+    #: how often the live pages (queues) ask for a fresh reading, in seconds
+    refresh_seconds: float = 5.0
+    #: the last reading of the store's counters, for the queues' rates
+    rates: Rates = field(default_factory=Rates)
+
+
+def console_of(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+def base_path(request: Request) -> str:
+    """The path the console is mounted at ('' at the root), for links and the cookie."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+async def principal(request: Request) -> Principal:
+    """The authorizer's answer for this request; a 403 when it lets nobody in."""
+    answer = console_of(request).authorizer(request)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    if answer is None:
+        raise Refused(403, "the console's authorizer does not let you in")
+    if not isinstance(answer, Principal):
+        raise TypeError(f"a console authorizer must return a Principal or None, not {answer!r}")
+    return answer
+
+
+async def require(request: Request, action: str) -> Principal:
+    """The principal, when allowed ``action``; else a 403 naming the role needed."""
+    who = await principal(request)
+    if not who.may(action):
+        raise Refused(403, f"{who.actor} ({who.role}) may not {action}: the role is too low")
+    return who
+
+
+async def submitted(request: Request, action: str) -> tuple[Principal, dict[str, list[str]]]:
+    """A POST's principal and form fields, after its CSRF token and role are checked."""
+    who = await principal(request)
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind != "application/x-www-form-urlencoded":
+        raise Refused(415, "the console takes forms (application/x-www-form-urlencoded)")
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise Refused(413, "form too large")
+    form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    given = (form.get(csrf.FIELD) or [request.headers.get(csrf.HEADER, "")])[0]
+    nonce = request.cookies.get(csrf.COOKIE)
+    if not csrf.valid(console_of(request).secret, nonce, who.actor, given):
+        raise Refused(403, "missing or invalid CSRF token: reload the page and try again")
+    if not who.may(action):
+        raise Refused(403, f"{who.actor} ({who.role}) may not {action}: the role is too low")
+    return who, form
+
+
+def first(form: Mapping[str, list[str]], name: str) -> str:
+    return (form.get(name) or [""])[0].strip()
+
+
+def render(
+    request: Request,
+    who: Principal | None,
+    template: str,
+    context: Mapping[str, Any],
+    status: int = 200,
+) -> Response:
+    """``template`` with the layout's context; sets the CSRF cookie on a first visit."""
+    console = console_of(request)
+    nonce = request.cookies.get(csrf.COOKIE)
+    fresh = not nonce
+    nonce = nonce or csrf.new_nonce()
+    values = {
+        "base": base_path(request),
+        "nav": NAV,
+        "title": console.title,
+        "who": who,
+        "csrf_field": csrf.FIELD,
+        "csrf_token": csrf.token(console.secret, nonce, who.actor) if who else "",
+        **context,
+    }
+    response = console.templates.TemplateResponse(request, template, values, status_code=status)
+    if fresh:
+        response.set_cookie(
+            csrf.COOKIE,
+            nonce,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path=base_path(request) or "/",
+        )
+    return response

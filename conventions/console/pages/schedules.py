@@ -1,0 +1,117 @@
+"""Schedules: the entries, their next and last occurrence, last success, watchdog state;
+send an occurrence now.
+
+"Trigger" sends the occurrence the page shows (the latest one due, named on the button
+and posted with the form) exactly as beat would (``conventions.schedules.beat.trigger``):
+its business key is the occurrence's, so a double click, a second operator or beat
+itself sends it once, even when the clock passes the next occurrence between two
+clicks. The trigger is audited
+(``triggered``) with the authorizer's actor, whether it sent or found it sent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from conventions.console import views
+from conventions.console.context import Refused, console_of, first, render, require, submitted
+from conventions.errors import ConfigurationError
+from conventions.observability import audit
+from conventions.schedules import beat, overlap, watchdog
+from conventions.schedules import entries as schedules
+from conventions.schedules.cadence import aware
+from conventions.tracing import headers as hdr
+
+
+def _watch(app: Any, entry: schedules.Entry, success: dict[str, Any] | None) -> str:
+    """The watchdog's view of ``entry``: not watched, waiting for a first look, ok, late."""
+    if entry.expect is None:
+        return "not watched (no expectation)"
+    state = app.store.get_state(f"schedule:watched:{entry.name}")
+    if state is None:
+        return "not checked yet"
+    since = dt.datetime.fromisoformat(str(state["since"]))
+    late = watchdog.missed(entry, success, schedules.now(), since)
+    return f"late: {', '.join(o.label for o in late)}" if late else "ok"
+
+
+def rows(app: Any) -> list[dict[str, Any]]:
+    """One row per entry, as the page shows it."""
+    schedules.use_clock(app.conf)
+    current = schedules.now()
+    out = []
+    for entry in schedules.entries_of(app):
+        latest = entry.schedule.latest(current)
+        success = overlap.last_success(app.store, entry.name)
+        out.append(
+            {
+                "name": entry.name,
+                "task": entry.task,
+                "schedule": repr(entry.schedule),
+                "overlap": entry.overlap,
+                "next": entry.occurrence(entry.schedule.next_after(current)).label,
+                "last": entry.occurrence(latest).label if latest else "-",
+                "last_at": latest.isoformat() if latest else "",
+                "last_success": (success or {}).get("occurrence"),
+                "watchdog": _watch(app, entry, success),
+            }
+        )
+    return out
+
+
+async def index(request: Request) -> Response:
+    who = await require(request, "view")
+    found = await run_in_threadpool(rows, console_of(request).app)
+    return render(request, who, "schedules.html", {"rows": found, "when": views.when})
+
+
+def _moment(text: str) -> dt.datetime | None:
+    """The occurrence the page showed (its ISO time), never one still to come."""
+    if not text:
+        return None
+    try:
+        moment = aware(dt.datetime.fromisoformat(text))
+    except ValueError as exc:
+        raise Refused(400, f"at {text!r}: {exc}") from exc
+    if moment > schedules.now():
+        raise Refused(400, f"at {text}: that occurrence is still to come")
+    return moment
+
+
+def _trigger(app: Any, name: str, at: str, actor: str) -> dict[str, Any]:
+    schedules.use_clock(app.conf)
+    moment = _moment(at)
+    try:
+        entry = schedules.find(app, name)
+        result = beat.trigger(app, name, moment, actor=actor)
+    except ConfigurationError as exc:
+        raise Refused(404, str(exc)) from exc
+    found = entry.schedule.latest(moment or schedules.now())
+    occurrence = entry.occurrence(found or schedules.now())
+    sent = not getattr(result, "deduplicated", False)
+    headers = {hdr.CORRELATION: occurrence.correlation_id, hdr.IDEMPOTENCY_KEY: occurrence.key}
+    detail = {"actor": actor, "schedule": name, "occurrence": occurrence.label, "sent": sent}
+    audit.record(app.store, "triggered", entry.task, str(result.id), headers, detail=detail)
+    return {"name": name, "occurrence": occurrence.label, "task_id": str(result.id), "sent": sent}
+
+
+async def trigger(request: Request) -> Response:
+    who, form = await submitted(request, "trigger")
+    name = first(form, "name")
+    if not name:
+        raise Refused(400, "which entry? (the form sends its name)")
+    at = first(form, "at")
+    outcome = await run_in_threadpool(_trigger, console_of(request).app, name, at, who.actor)
+    return render(request, who, "triggered.html", {"outcome": outcome})
+
+
+ROUTES = [
+    Route("/schedules", index, name="schedules"),
+    Route("/schedules/trigger", trigger, methods=["POST"], name="trigger"),
+]

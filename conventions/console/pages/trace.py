@@ -1,0 +1,26 @@
+"""Trace: every job and event of one correlation id, as a tree (``conventions trace``)."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from conventions.console import tree, views
+from conventions.console.context import console_of, render, require
+
+
+async def index(request: Request) -> Response:
+    who = await require(request, "view")
+    correlation = request.query_params.get("correlation", "").strip()
+    roots: list[tree.Node] = []
+    if correlation:
+        events = await run_in_threadpool(console_of(request).app.store.audit_for, correlation)
+        roots = tree.build(events)
+    context = {"correlation": correlation, "roots": roots, "when": views.when}
+    status = 404 if correlation and not roots else 200
+    return render(request, who, "trace.html", context, status=status)
+
+
+ROUTES = [Route("/trace", index, name="trace")]

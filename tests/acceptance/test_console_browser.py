@@ -1,0 +1,269 @@
+"""The console in a real browser (Debian's chromium, driven by Playwright), against a
+real worker on Redis.
+
+A dead letter appears on the page, is replayed from it with a reason, the replay's run
+succeeds and the audit names the authorizer's actor; a read-only user has no replay
+button and a forged POST is refused; a schedule trigger double-clicked sends once; the
+queues page refreshes itself. With ``CONSOLE_SCREENSHOTS=1`` the test writes each page's
+screenshot to docs/img/console-*.png (docs/howto/console.md shows them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import uvicorn
+
+from conventions import bind
+from conventions.console import Principal, Role, console_app, csrf
+from conventions.store.records import AuditEvent, DeadLetter
+from tasks import app
+from tests.fixtures import unavailable
+from tests.integration import support_flaky  # registers testing.flaky.v1 before the worker
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
+#: Debian's chromium, headless, quiet: nothing fetched from the network but our pages
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SECRET = b"console-browser-secret"
+WAIT = 20.0
+
+pytestmark = pytest.mark.usefixtures("thread_worker", "clean_store")
+
+
+def by_headers(request: Any) -> Principal | None:
+    """The test host's login: ``x-test-actor`` and ``x-test-role`` (the browser context
+    sends them on every request, as a host app's session cookie would stand for them)."""
+    actor = request.headers.get("x-test-actor")
+    return (
+        Principal(actor, Role(request.headers.get("x-test-role", "read-only"))) if actor else None
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def base_url(services: None) -> Iterator[str]:
+    port = _free_port()
+    web = console_app(app, authorizer=by_headers, secret=SECRET, refresh_seconds=1)
+    server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium under Playwright (never ``playwright install``)."""
+    if not shutil.which(CHROMIUM):
+        unavailable("chromium", FileNotFoundError(f"{CHROMIUM}: apt-get install chromium"))
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        unavailable("playwright", exc)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def open_as(browser: Any, base_url: str) -> Iterator[Callable[..., Any]]:
+    """A page of a browser context logged in as ``actor`` with ``role``."""
+    contexts: list[Any] = []
+
+    def open_page(actor: str, role: str, scheme: str = "light") -> Any:
+        context = browser.new_context(
+            base_url=base_url,
+            extra_http_headers={"x-test-actor": actor, "x-test-role": role},
+            color_scheme=scheme,
+            viewport={"width": 1280, "height": 760},
+        )
+        context.set_default_timeout(WAIT * 1000)
+        contexts.append(context)
+        return context.new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def shot(page: Any, name: str) -> None:
+    """docs/img/console-<name>.png, when CONSOLE_SCREENSHOTS=1 (a normal run writes none)."""
+    if os.environ.get("CONSOLE_SCREENSHOTS") == "1":
+        page.screenshot(path=str(ROOT / "docs" / "img" / f"console-{name}.png"), full_page=True)
+
+
+def eventually(find: Callable[[], T | None], what: str) -> T:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        found = find()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {WAIT:.0f}s waiting for {what}")
+
+
+def dead_letter(task_id: str) -> DeadLetter:
+    def find() -> DeadLetter | None:
+        records = app.store.list_dead_letters(task="testing.flaky.v1", limit=1000)
+        return next((r for r in records if r.task_id == task_id), None)
+
+    return eventually(find, f"the dead letter of job {task_id}")
+
+
+def audit_event(correlation_id: str, name: str, task_id: str) -> AuditEvent:
+    def find() -> AuditEvent | None:
+        events = app.store.audit_for(correlation_id)
+        return next((e for e in events if e.event == name and e.task_id == task_id), None)
+
+    return eventually(find, f"audit event {name!r} of job {task_id}")
+
+
+def flaky_dead_letter(item: str) -> DeadLetter:
+    with support_flaky.flags() as flags:
+        flags.set(support_flaky.broken_flag(item), "1", ex=300)
+    return dead_letter(support_flaky.flaky.delay(item_id=item).id)
+
+
+def test_a_dead_letter_is_replayed_from_the_page_and_its_run_succeeds(
+    open_as: Callable[..., Any],
+) -> None:
+    item = f"item{uuid.uuid4().hex[:8]}"
+    record = flaky_dead_letter(item)
+    page = open_as("olivia@ops", "operator")
+    page.goto("/dead-letters")
+    page.get_by_role("link", name="testing.flaky.v1").first.wait_for()
+    shot(page, "dead-letters")
+    page.locator(f'a[href="/dead-letters/{record.id}"]').click()
+    page.get_by_text("provider refuses item").first.wait_for()
+    shot(page, "dead-letter")
+    with support_flaky.flags() as flags:  # the provider is fixed
+        flags.delete(support_flaky.broken_flag(item))
+    page.get_by_label("Reason").fill("provider fixed")
+    page.get_by_role("button", name="Replay").click()
+    page.locator(".outcome-replayed").wait_for()
+    shot(page, "replayed")
+    new_id = page.locator(".outcome-replayed td").nth(2).inner_text().strip()
+    assert record.correlation_id
+    replayed = audit_event(record.correlation_id, "replayed", new_id)
+    assert replayed.detail["actor"] == "olivia@ops"
+    assert replayed.detail["reason"] == "provider fixed"
+    audit_event(record.correlation_id, "succeeded", new_id)
+    page.goto(f"/trace?correlation={record.correlation_id}")
+    page.get_by_text("succeeded").first.wait_for()
+    assert page.locator("li.job li.job").count() == 1  # the replay, under the failed job
+    shot(page, "trace")
+
+
+def test_a_read_only_user_has_no_replay_and_a_forged_post_is_refused(
+    open_as: Callable[..., Any], base_url: str
+) -> None:
+    record = flaky_dead_letter(f"item{uuid.uuid4().hex[:8]}")
+    page = open_as("rita", "read-only", scheme="dark")
+    page.goto(f"/dead-letters/{record.id}")
+    page.get_by_text("cannot replay").wait_for()
+    assert page.get_by_role("button", name="Replay").count() == 0
+    shot(page, "read-only-dark")
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    token = csrf.token(SECRET, cookies[csrf.COOKIE], "rita")
+    url = f"{base_url}/dead-letters/replay"
+    form = {"id": record.id, "reason": "me", "csrf_token": token}
+    assert page.request.post(url, form=form).status == 403  # the role
+    assert page.request.post(url, form={**form, "csrf_token": ""}).status == 403  # the token
+    stored = app.store.get_dead_letter(record.id)
+    assert stored is not None and stored.replayed_at is None
+
+
+def test_a_schedule_trigger_double_clicked_sends_once(open_as: Callable[..., Any]) -> None:
+    page = open_as("olivia@ops", "operator")
+    page.goto("/schedules")
+    row = page.locator("tr", has_text="watchdog")
+    at = row.locator('input[name="at"]').get_attribute("value")
+    shot(page, "schedules")
+    row.get_by_role("button").dblclick()
+    page.locator("#trigger-outcome").wait_for()
+    from datetime import datetime
+
+    from conventions.schedules import entries as schedules
+
+    occurrence = schedules.find(app, "watchdog").occurrence(datetime.fromisoformat(str(at)))
+    events = app.store.audit_for(occurrence.correlation_id)
+    published = [e for e in events if e.event == "published"]
+    assert len(published) == 1, events
+    sent = [e.detail["sent"] for e in events if e.event == "triggered"]
+    assert sent.count(True) == 1 and set(sent) <= {True, False}
+    assert (
+        page.locator("#trigger-outcome").inner_text().startswith(f"Occurrence {occurrence.label}")
+    )
+
+
+def test_the_queues_page_refreshes_itself(open_as: Callable[..., Any]) -> None:
+    for scheme in ("light", "dark"):
+        page = open_as("rita", "read-only", scheme=scheme)
+        page.goto("/queues")
+        page.locator('tr[data-queue="email"]').wait_for()
+        marker = page.locator("[data-live]")
+        page.wait_for_function(
+            "el => el.textContent.startsWith('updated')", arg=marker.element_handle()
+        )
+        assert re.match(r"updated ", marker.inner_text())
+        shot(page, f"queues-{scheme}")
+
+
+def test_a_queue_paused_from_the_page_is_not_consumed_until_resumed(
+    open_as: Callable[..., Any],
+) -> None:
+    page = open_as("olivia@ops", "operator")
+    page.goto("/queues")
+    row = page.locator('tr[data-queue="email"]')
+    row.get_by_label("reason to pause email").fill("provider outage")
+    row.get_by_role("button", name="Pause").click()
+    page.locator("#pause-outcome").wait_for()
+    story = uuid.uuid4().hex
+    try:
+        assert "stopped taking from email" in page.locator("#pause-outcome").inner_text()
+        with bind(correlation_id=story):
+            result = support_flaky.flaky.delay(item_id=f"item{uuid.uuid4().hex[:8]}")
+        page.goto("/queues")
+        page.get_by_text("paused by olivia@ops").wait_for()
+        shot(page, "queues-paused")
+        time.sleep(2.0)  # a consuming worker runs it in milliseconds
+        assert "succeeded" not in [e.event for e in app.store.audit_for(story)]
+    finally:
+        page.goto("/queues")
+        page.locator('tr[data-queue="email"]').get_by_role("button", name="Resume").click()
+        page.locator("#pause-outcome").wait_for()
+    assert "take from email again" in page.locator("#pause-outcome").inner_text()
+    audit_event(story, "succeeded", result.id)
+    paused = [e for e in app.store.audit_for("queue:email") if e.event == "queue_paused"]
+    assert paused[-1].detail["actor"] == "olivia@ops"

@@ -1,0 +1,242 @@
+"""``conventions web`` as an operator starts it: a real process serving the console."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _serve(*args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "conventions", "-A", "tasks", "web", *args]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=dict(os.environ), stderr=subprocess.PIPE, text=True
+    )
+
+
+def _up(url: str, process: subprocess.Popen[str]) -> httpx.Response:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return httpx.get(url, timeout=5)
+        except httpx.TransportError:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "conventions web did not start"
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def served(services: None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = _free_port()
+    process = _serve("--insecure-local", "--port", str(port))
+    try:
+        yield f"http://127.0.0.1:{port}", process
+    finally:
+        process.terminate()
+        process.wait(10)
+        if process.stderr:
+            process.stderr.close()
+
+
+def test_insecure_local_serves_this_machine_as_its_admin(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    url, process = served
+    page = _up(f"{url}/schedules", process)
+    assert page.status_code == 200
+    assert "local:" in page.text and "admin" in page.text
+    assert "watchdog" in page.text
+    rebound = httpx.get(f"{url}/schedules", headers={"host": "evil.example"}, timeout=5)
+    assert rebound.status_code == 403
+
+
+def test_an_authorizer_is_loaded_from_module_colon_callable(services: None) -> None:
+    port = _free_port()
+    process = _serve("--authorizer", "conventions.console.auth:local_admin", "--port", str(port))
+    try:
+        assert _up(f"http://127.0.0.1:{port}/queues", process).status_code == 200
+    finally:
+        process.terminate()
+        process.wait(10)
+        if process.stderr:
+            process.stderr.close()
+    bad = subprocess.run(
+        [sys.executable, "-m", "conventions", "-A", "tasks", "web", "--authorizer", "nope:x"],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert "--authorizer 'nope:x'" in bad.stderr
+
+
+def test_mounted_in_fastapi_it_is_behind_the_apps_own_login(services: None) -> None:
+    """The how-to's FastAPI shape: the host's AuthenticationMiddleware logs in, the
+    console (mounted at /ops) reads ``request.user`` and ``request.auth``."""
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+    from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+    from starlette.middleware.authentication import AuthenticationMiddleware
+
+    from conventions.console import Principal, Role, console_app
+    from tasks import app as celery_app
+
+    sessions = {"s-olivia": ("olivia@shop.example", True), "s-rita": ("rita@shop.example", False)}
+
+    class SessionLogin(AuthenticationBackend):
+        async def authenticate(self, conn: Any) -> tuple[AuthCredentials, SimpleUser] | None:
+            found = sessions.get(conn.cookies.get("session", ""))
+            if found is None:
+                return None
+            email, on_call = found
+            scopes = ["ops:write"] if on_call else []
+            return AuthCredentials(["authenticated", *scopes]), SimpleUser(email)
+
+    def authorize(request: Any) -> Principal | None:
+        if not request.user.is_authenticated:
+            return None
+        role = Role.OPERATOR if "ops:write" in request.auth.scopes else Role.READ_ONLY
+        return Principal(request.user.display_name, role)
+
+    api = FastAPI()
+    api.add_middleware(AuthenticationMiddleware, backend=SessionLogin())
+    api.mount("/ops", console_app(celery_app, authorizer=authorize))
+
+    @api.get("/")
+    def home() -> dict[str, str]:
+        return {"app": "yours"}
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/").json() == {"app": "yours"}
+        assert httpx.get(f"{url}/ops/schedules").status_code == 403  # not logged in
+        with httpx.Client(base_url=url, cookies={"session": "s-olivia"}) as olivia:
+            page = olivia.get("/ops/schedules")
+            assert page.status_code == 200
+            assert "olivia@shop.example" in page.text and "operator" in page.text
+            assert 'href="/ops/static/console.css"' in page.text
+            assert 'action="/ops/schedules/trigger"' in page.text
+            assert olivia.get("/ops/static/console.js").status_code == 200
+            assert "Path=/ops;" in page.headers["set-cookie"]
+            moved = olivia.get("/ops/", follow_redirects=False)
+            assert moved.headers["location"] == "/ops/queues"
+        with httpx.Client(base_url=url, cookies={"session": "s-rita"}) as rita:
+            page = rita.get("/ops/schedules")
+            assert "read-only" in page.text and "/ops/schedules/trigger" not in page.text
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+DJANGO_SETTINGS = """
+SECRET_KEY = "console-test-secret"
+INSTALLED_APPS = ["django.contrib.auth", "django.contrib.contenttypes", "django.contrib.sessions"]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
+DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {db!r}}}}}
+ROOT_URLCONF = "console_site.urls"
+ALLOWED_HOSTS = ["127.0.0.1"]
+USE_TZ = True
+"""
+DJANGO_URLS = """
+from django.http import HttpResponse
+from django.urls import path
+
+urlpatterns = [path("", lambda request: HttpResponse("django home"))]
+"""
+#: logs two users in with Django's test client and prints their session keys
+DJANGO_LOGIN = """
+import django
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+call_command("migrate", verbosity=0)
+admin = User.objects.create_superuser("ada", "ada@shop.example", "pw")
+staff = User.objects.create_user("rita", "rita@shop.example", "pw", is_staff=True)
+for user in (admin, staff):
+    client = Client()
+    client.force_login(user)
+    print(client.cookies["sessionid"].value)
+"""
+
+
+def _howto_asgi() -> str:
+    """The how-to's Django ``asgi.py``, pointed at this test's project and app."""
+    text = (ROOT / "docs" / "howto" / "console.md").read_text()
+    (code,) = [b for b in text.split("```python\n") if b.startswith("# myproject/asgi.py")]
+    code = code.split("```")[0]
+    return code.replace("myproject.settings", "console_site.settings").replace(
+        "myproject.worker", "tasks"
+    )
+
+
+def test_served_from_django_it_is_behind_djangos_login(services: None, tmp_path: Path) -> None:
+    """The how-to's Django ``asgi.py``, run as written: Django's session decides."""
+    site = tmp_path / "console_site"
+    site.mkdir()
+    (site / "__init__.py").write_text("")
+    (site / "settings.py").write_text(DJANGO_SETTINGS.format(db=str(tmp_path / "db.sqlite3")))
+    (site / "urls.py").write_text(DJANGO_URLS)
+    (site / "asgi.py").write_text(_howto_asgi())
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "DJANGO_SETTINGS_MODULE": "console_site.settings",
+    }
+    login = subprocess.run(
+        [sys.executable, "-c", DJANGO_LOGIN],
+        cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    admin_session, staff_session = login.stdout.split()
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "console_site.asgi:application", "--port", str(port),
+         "--log-level", "warning"],
+        cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert _up(f"{url}/", process).text == "django home"
+        assert httpx.get(f"{url}/ops/schedules").status_code == 403
+        admin = httpx.get(f"{url}/ops/schedules", cookies={"sessionid": admin_session})
+        assert admin.status_code == 200 and "ada" in admin.text and "admin" in admin.text
+        assert 'action="/ops/schedules/trigger"' in admin.text
+        staff = httpx.get(f"{url}/ops/schedules", cookies={"sessionid": staff_session})
+        assert "rita" in staff.text and "read-only" in staff.text
+        assert "/ops/schedules/trigger" not in staff.text
+    finally:
+        process.terminate()
+        process.wait(10)
+        if process.stderr:
+            process.stderr.close()
