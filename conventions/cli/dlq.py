@@ -30,6 +30,7 @@ from conventions.cli.base import (
     positive,
     print_json,
 )
+from conventions.observability import trace as tracing
 from conventions.ops import replay as replaylib
 from conventions.ops.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, purge_expired
 from conventions.store.records import Category
@@ -176,7 +177,7 @@ def purge(app: App, older_than: timedelta) -> int:
 @json_option
 def trace(app: App, correlation_id: str, as_json: bool) -> int:
     """Every job and event of one correlation id."""
-    roots = fmt.build_trace(app.store.audit_for(correlation_id))
+    roots = tracing.build_trace(app.store.audit_for(correlation_id))
     if as_json:
         print_json({"correlation_id": correlation_id, "jobs": [j.to_dict() for j in roots]})
     else:

@@ -27,7 +27,7 @@ from conventions.cli import backends
 from conventions.cli.base import REFUSED, Failure, Group, command, options_of
 from conventions.observability import queues
 from conventions.ops import exporter as metrics
-from conventions.ops import transport_view
+from conventions.ops import pauses, transport_view
 from conventions.store import counts
 
 #: the events that take a job out of its queue's work for good (the "out" rate)
@@ -106,7 +106,10 @@ def queues_command(app: Any, as_json: bool, watch: bool, interval: float, count:
             now, flows = time.monotonic(), _flows(app.store.counters(), task_queues)
             rates = _rates(previous, (now, flows))
             previous = (now, flows)
-            rows = [_row(state, slos, rates) for state in states]
+            held = pauses.paused(app, [state.queue for state in states])
+            rows = [
+                _row(state, slos, rates) | {"paused": held.get(state.queue)} for state in states
+            ]
             if as_json:
                 print(json.dumps(rows), file=out)
             else:
@@ -193,7 +196,7 @@ def _count(value: int | None) -> str:
 
 #: the columns of ``queues``, one word each (a script may split a line on spaces)
 HEADER = ("QUEUE", "DEPTH", "OLDEST", "SLO", "DELAYED", "NEXT_DUE", "IN_FLIGHT", "INBOXES",
-          "CONSUMERS", "ALIVE", "IN/S", "OUT/S")  # fmt: skip
+          "CONSUMERS", "ALIVE", "IN/S", "OUT/S", "PAUSED")  # fmt: skip
 
 
 def _cells(row: dict[str, Any]) -> tuple[str, ...]:
@@ -213,6 +216,7 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         _count(row.get("consumers_alive")),
         _rate(row["in_per_s"]),
         _rate(row["out_per_s"]),
+        "yes" if row.get("paused") else "-",
     )
 
 

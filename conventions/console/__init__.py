@@ -9,7 +9,8 @@ gives, and every state-changing request carries a CSRF token
 (``conventions.console.csrf``). See docs/howto/console.md.
 
 Only ``conventions.console.app`` and the pages need the ``console`` extra; the rest of
-the package (roles, tokens, pauses, the trace tree) imports without it.
+the package (roles, tokens, views) imports without it; pausing a queue is
+``conventions.ops.pauses`` (a starting worker reads it too).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ __all__ = ["Principal", "Role", "console_app"]
 def __getattr__(name: str) -> Any:
     """``console_app`` imports the web framework when first asked for (a missing
     ``console`` extra is a ``MissingExtra`` then), so that the parts without one
-    (``auth``, ``csrf``, ``pauses``, ``tree``, ``views``) import anywhere."""
+    (``auth``, ``csrf``, ``views``) import anywhere."""
     if name == "console_app":
         from conventions.console.app import console_app
 

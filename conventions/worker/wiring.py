@@ -26,7 +26,7 @@ from typing import Any
 from celery import current_app, signals
 
 from conventions.observability import alerts
-from conventions.ops import retention
+from conventions.ops import pauses, retention
 from conventions.tracing import logs
 from conventions.worker import lifecycle, reservations
 from conventions.worker import signals as handlers
@@ -109,6 +109,7 @@ class Wiring:
     def worker_ready(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
             retention.start(self.app)
+            pauses.at_start(self.app, sender)  # sender: the consumer
 
     def worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):

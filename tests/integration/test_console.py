@@ -352,8 +352,8 @@ def test_a_worker_starting_while_its_queue_is_paused_does_not_consume_it(
 ) -> None:
     """``pauses.at_start``, the worker-start part (called here on the running worker's
     consumer, as ``worker_ready`` calls it on a starting one)."""
-    from conventions.console import pauses
     from conventions.observability import queues
+    from conventions.ops import pauses
 
     document = {"queue": "email", "actor": "olivia@ops", "at": "-", "reason": "outage"}
     app.store.put_state(pauses.state_name("email"), {**document, "workers": []}, None)

@@ -65,6 +65,7 @@ FEATURES = [
     ("once", "from conventions.transactional.once import once", "sql", "once()"),
     ("outbox", "from conventions.transactional import outbox", "sql", "the outbox"),
     ("relay", "from conventions.transactional.relay import Relay", "sql", "the outbox relay"),
+    ("console", "from conventions.console import console_app", "console", "the operator's console"),
     ("exporter",
      "from conventions import App; from conventions.ops import exporter; "
      "exporter.Exporter(App('x', set_as_current=False))",

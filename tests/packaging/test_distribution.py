@@ -68,6 +68,8 @@ def test_the_wheel_holds_the_layer_and_its_dist_info_only(built: Built) -> None:
     assert "conventions/py.typed" in names
     assert "conventions/contrib/django_outbox/migrations/0001_initial.py" in names
     assert "conventions/contrib/django_outbox/migrations/__init__.py" in names
+    assert "conventions/console/templates/base.html" in names  # the console's package data
+    assert "conventions/console/static/console.css" in names
     assert built.wheel_file("top_level.txt").split() == ["conventions"]
     assert f"{DIST_INFO}licenses/LICENSE" in names
 

@@ -10,7 +10,6 @@ import pytest
 
 from conventions.cli import main as cli
 from conventions.cli.format import (
-    build_trace,
     dead_letter_detail,
     dead_letter_table,
     parse_duration,
@@ -19,6 +18,7 @@ from conventions.cli.format import (
     table,
     trace_text,
 )
+from conventions.observability.trace import build_trace
 from conventions.ops.replay import ReplayOutcome
 from conventions.store.records import AuditEvent, Category, DeadLetter
 from conventions.task import DuplicateResult

@@ -110,7 +110,7 @@ def test_conventions_web_refuses_to_serve_without_an_authorizer(
 def test_without_the_extra_the_console_is_one_line_naming_it() -> None:
     code = (
         "import sys; sys.modules['starlette'] = None\n"
-        "import conventions.console.auth, conventions.console.pauses\n"
+        "import conventions.console.auth, conventions.ops.pauses\n"
         "try:\n    from conventions.console import console_app\n"
         "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
     )

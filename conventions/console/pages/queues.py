@@ -17,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from conventions.console import pauses
 from conventions.console.context import (
     Refused,
     console_of,
@@ -28,7 +27,7 @@ from conventions.console.context import (
 )
 from conventions.console.rates import Rates
 from conventions.observability import queues
-from conventions.ops import exporter, transport_view
+from conventions.ops import exporter, pauses, transport_view
 
 #: how long the page waits for the workers' replies about what they consume
 CONSUMERS_TIMEOUT = 0.5

@@ -7,17 +7,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from conventions.console import tree, views
+from conventions.console import views
 from conventions.console.context import console_of, render, require
+from conventions.observability import trace
 
 
 async def index(request: Request) -> Response:
     who = await require(request, "view")
     correlation = request.query_params.get("correlation", "").strip()
-    roots: list[tree.Node] = []
+    roots: list[trace.Job] = []
     if correlation:
         events = await run_in_threadpool(console_of(request).app.store.audit_for, correlation)
-        roots = tree.build(events)
+        roots = trace.build_trace(events)
     context = {"correlation": correlation, "roots": roots, "when": views.when}
     status = 404 if correlation and not roots else 200
     return render(request, who, "trace.html", context, status=status)

@@ -23,7 +23,7 @@ from typing import Any
 from conventions.observability import audit
 from conventions.tracing import headers as hdr
 
-logger = logging.getLogger("conventions.console.pauses")
+logger = logging.getLogger("conventions.ops.pauses")
 
 #: how long a pause or resume waits for the workers' replies (seconds)
 REPLY_TIMEOUT = 1.0
