@@ -136,13 +136,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(wheel=wheel, sdist=sdist, log=log)
 
 
-@pytest.fixture(scope="session")
-def venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """A fresh venv with the wheel installed (no extra), beside a copy of the example
-    project whose files were hashed before the install."""
-    base = tmp_path_factory.mktemp("user")
-    project = base / "project"
-    shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+def venv_beside(source: Path, base: Path, built: Built, extras: str = "") -> Venv:
+    """A fresh venv with the wheel installed (``extras``: ``"[sql,testing]"``), beside a
+    copy of the project ``source`` whose files were hashed before the install."""
+    project = base / source.name
+    shutil.copytree(source, project, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
     before = tree_hashes(project)
     path = base / "venv"
     made = subprocess.run(
@@ -151,8 +149,15 @@ def venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Venv:
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     env = Venv(path=path, project=project, project_before=before, wheel=built.wheel)
-    env.pip("install", "-q", str(built.wheel))
+    env.pip("install", "-q", f"{built.wheel}{extras}")
     return env
+
+
+@pytest.fixture(scope="session")
+def venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """A fresh venv with the wheel installed (no extra), beside a copy of the example
+    project whose files were hashed before the install."""
+    return venv_beside(PROJECT, tmp_path_factory.mktemp("user"), built)
 
 
 def redis_url(client: redis.Redis) -> str:

@@ -7,7 +7,6 @@ in seconds."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.packaging.conftest import ROOT, Built, Venv, clean_env, redis_url, tree_hashes
+from tests.packaging.conftest import (
+    ROOT,
+    Built,
+    Venv,
+    clean_env,
+    redis_url,
+    tree_hashes,
+    venv_beside,
+)
 
 SHOP = ROOT / "examples" / "testkit"
 
@@ -26,19 +33,7 @@ SHOP = ROOT / "examples" / "testkit"
 def shop_venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
     """A fresh venv with ``celery-conventions[sql,testing]`` from the wheel, beside a copy
     of the shop."""
-    base = tmp_path_factory.mktemp("shop")
-    project = base / "shop"
-    shutil.copytree(SHOP, project, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
-    before = tree_hashes(project)
-    path = base / "venv"
-    made = subprocess.run(
-        [sys.executable, "-m", "venv", str(path)],
-        env=clean_env(), capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    env = Venv(path=path, project=project, project_before=before, wheel=built.wheel)
-    env.pip("install", "-q", f"{built.wheel}[sql,testing]")
-    yield env
+    yield venv_beside(SHOP, tmp_path_factory.mktemp("shop"), built, "[sql,testing]")
 
 
 def test_pytest_loads_the_kits_plugin_from_the_installed_entry_point(shop_venv: Venv) -> None:
