@@ -41,6 +41,7 @@ from conventions.tracing.headers import READY
 from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from conventions.worker import delivery as runner
+from conventions.worker import signals
 
 logger = logging.getLogger("conventions.task")
 
@@ -395,7 +396,5 @@ def _schedule_of(app: Any) -> dict[str, str]:
 
 
 def _kwargsrepr(data: dict[str, Any], headers: dict[str, Any]) -> str:
-    """What Flower shows as kwargs: the payload plus the correlation id (display only)."""
-    shown = dict(data)
-    shown["~correlation"] = headers.get(hdr.CORRELATION)
-    return repr(shown)
+    """What Flower shows as kwargs (:func:`conventions.worker.signals.kwargs_shown`)."""
+    return signals.kwargs_shown(data, headers)

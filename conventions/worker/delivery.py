@@ -40,6 +40,7 @@ from conventions.tracing import logs, scrubbing
 from conventions.tracing.context import Trace
 from conventions.tracing.headers import READY
 from conventions.transport import results
+from conventions.worker import signals
 from conventions.worker.exits import Exits
 from conventions.worker.job_context import JobContext
 
@@ -130,7 +131,7 @@ class Delivery(Exits):
                 self.kwargs = {"args": list(args), **self.kwargs}
             self.dead_letter(exc, Category.INVALID, str(exc))
             self.settle_result(exc)
-            raise Reject(str(exc), requeue=False) from exc
+            raise self.rejection(str(exc)) from exc
         self.fingerprint = keys.fingerprint(task.name, payload.model_dump(mode="json"))
         if task.upcast is not None:
             payload = task.upcast_payload(payload)
@@ -139,7 +140,7 @@ class Delivery(Exits):
         except PayloadError as exc:  # an empty or oversized key: as an invalid payload
             self.dead_letter(exc, Category.INVALID, str(exc))
             self.settle_result(exc)
-            raise Reject(str(exc), requeue=False) from exc
+            raise self.rejection(str(exc)) from exc
         self.headers[hdr.IDEMPOTENCY_KEY] = key  # bare: the body's and the providers'
         logs.update_job(idempotency_key=key)
         return payload
@@ -233,8 +234,9 @@ class Delivery(Exits):
             f"(fingerprint {claim.fingerprint}, this one {self.fingerprint})"
         )
         self.dead_letter(None, Category.CONFLICT, reason, alert=True)  # a key too coarse
-        self.settle_result(Reject(reason, requeue=False))
-        raise Reject(reason, requeue=False)
+        rejection = self.rejection(reason)
+        self.settle_result(rejection)
+        raise rejection
 
     def skip_done(self, claim: Claim) -> None:
         """The key is already done: drop this job's reservation, run nothing. A store
@@ -362,7 +364,8 @@ class Delivery(Exits):
         """Publish this delivery again, due in ``countdown`` seconds, with no attempt spent."""
         self.task.apply_async(
             (), self.kwargs, task_id=self.request.id, headers=self.headers,
-            countdown=countdown, retries=self.request.retries or 0, **{READY: True},
+            countdown=countdown, retries=self.request.retries or 0,
+            kwargsrepr=signals.kwargs_shown(self.kwargs, self.headers), **{READY: True},
         )  # fmt: skip
 
     def on_failure(self, exc: Exception) -> Any:

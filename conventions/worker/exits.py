@@ -22,6 +22,7 @@ from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.tracing import scrubbing
 from conventions.tracing.headers import READY
+from conventions.worker import signals
 
 if TYPE_CHECKING:
     from conventions.jobs.protocol import JobTask
@@ -38,6 +39,8 @@ class Exits:
     kwargs: dict[str, Any]
     key: str | None
     refused: dict[str, Any]
+    #: what this delivery's dead letter says of itself (:func:`dead_letter_note`), once written
+    dead_letter_note: str | None = None
 
     if TYPE_CHECKING:  # provided by ``runner.Delivery``
 
@@ -59,8 +62,15 @@ class Exits:
         self.give_up_claim()
         self.dead_letter(None, Category.POISON, reason, alert=True)
         self.audit("quarantined", deliveries=deliveries)
-        self.settle_result(Reject(reason, requeue=False))
-        raise Reject(reason, requeue=False)
+        rejection = self.rejection(reason)
+        self.settle_result(rejection)
+        raise rejection
+
+    def rejection(self, reason: str) -> Reject:
+        """The ``Reject`` that ends a dead-lettered delivery, its reason naming the record:
+        Celery stores it as the FAILURE's result and sends it in ``task-failed``."""
+        note = self.dead_letter_note
+        return Reject(f"{reason} [{note}]" if note else reason, requeue=False)
 
     def settle_result(self, exc: BaseException) -> None:
         """A rejected message never reaches Celery's result handling: store FAILURE so
@@ -136,6 +146,9 @@ class Exits:
         except Exception as write_error:
             # no home for the record: keep the job instead (it runs again later)
             self.store_down(write_error, " for the dead letter")
+        self.dead_letter_note = dead_letter_note(str(category), record.id)
+        if exc is not None:  # in the traceback Celery stores, logs and sends to Flower
+            add_note(exc, self.dead_letter_note)
         self.audit(
             "dead_lettered", category=str(category), dead_letter_id=record.id,
             reason=record.message,
@@ -179,7 +192,8 @@ class Exits:
             )
         signature = task.signature_from_request(
             request, None, None, countdown=countdown, retries=(request.retries or 0) + 1,
-            headers=headers, **{READY: True},
+            headers=headers, kwargsrepr=signals.kwargs_shown(request.kwargs or {}, headers),
+            **{READY: True},
         )  # fmt: skip
         try:
             signature.apply_async()
@@ -204,3 +218,16 @@ class Exits:
         logger.error("%s[%s] attempt %d failed (%s) and %s; requeued", self.task.name,
                      self.request.id, self.attempt, type(exc).__qualname__, reason)  # fmt: skip
         raise Reject(reason, requeue=True) from publish_error
+
+
+def dead_letter_note(category: str, record_id: str) -> str:
+    """The line a dead-lettered job's exception carries (a PEP 678 note): Celery prints
+    notes under the traceback it stores in the result and sends in ``task-failed``, so
+    Flower's task page names the record without a hook of its own."""
+    return f"dead-lettered as {category} ({record_id}): conventions dlq show {record_id}"
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` once (a quarantined retry may pass the same one twice)."""
+    if note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)

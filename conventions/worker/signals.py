@@ -5,7 +5,7 @@
   bound context is the job's, so children inherit its correlation id and name it as their
   cause; outside any context (beat, a script) each publish starts a new story. Flower
   renders no custom headers, so the correlation id is also appended to the display-only
-  kwargs repr.
+  kwargs repr of every publish: a first publish, a retry, a deferral, a replay, a child.
 - ``task_prerun`` / ``task_postrun``: bind the job for logs (:mod:`conventions.tracing.logs`),
   Sentry tags and child publishes, for every task. A message from a foreign producer
   without our headers gets its correlation id here, at receipt.
@@ -32,16 +32,37 @@ _TOKEN = "_cc_context_token"
 
 
 def on_before_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """Complete the headers of a publish that did not go through a convention task."""
-    if headers is None or hdr.CORRELATION in headers:
-        return  # ours already (a convention task's publish, a retry, a replay)
-    for name, value in context.outgoing(None).items():
-        headers.setdefault(name, value)
-    headers.setdefault(hdr.ENQUEUED_AT, context.now_iso())
+    """Complete the headers of a publish that did not go through a convention task, and
+    show the correlation id in the kwargs repr of every publish (a retry, a deferral:
+    Celery makes their repr afresh from the kwargs, without it)."""
+    if headers is None:
+        return
+    if hdr.CORRELATION not in headers:  # not ours yet: a plain task, beat, a script
+        for name, value in context.outgoing(None).items():
+            headers.setdefault(name, value)
+        headers.setdefault(hdr.ENQUEUED_AT, context.now_iso())
+    show_correlation(headers)
+
+
+def kwargs_shown(kwargs: dict[str, Any], headers: dict[str, Any]) -> str:
+    """What Flower shows as a job's kwargs: the payload plus the correlation id (display
+    only). A publish passes it as ``kwargsrepr``: Celery's ``task-sent`` event is made
+    before the publish hook runs, and carries only what the publish was given."""
+    shown = dict(kwargs)
+    shown["~correlation"] = headers.get(hdr.CORRELATION)
+    return repr(shown)
+
+
+def show_correlation(headers: dict[str, Any]) -> None:
+    """Append ``'~correlation': <id>`` to the display-only ``kwargsrepr`` unless it ends
+    with it already (a convention task's first publish made it so)."""
     shown = headers.get("kwargsrepr")
-    if isinstance(shown, str) and shown.endswith("}"):
+    if not isinstance(shown, str) or not shown.endswith("}"):
+        return
+    tail = f"'~correlation': {headers.get(hdr.CORRELATION)!r}}}"
+    if not shown.endswith(tail):
         glue = ", " if shown != "{}" else ""
-        headers["kwargsrepr"] = f"{shown[:-1]}{glue}'~correlation': {headers[hdr.CORRELATION]!r}}}"
+        headers["kwargsrepr"] = f"{shown[:-1]}{glue}{tail}"
 
 
 def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:

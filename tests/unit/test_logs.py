@@ -113,11 +113,14 @@ def test_a_publish_outside_any_context_starts_a_new_story_each_time() -> None:
     assert first[hdr.CORRELATION] != second[hdr.CORRELATION]
 
 
-def test_a_publish_that_carries_our_headers_is_left_as_it_is() -> None:
-    headers: dict[str, object] = {hdr.CORRELATION: "mine", "kwargsrepr": "{}"}
+def test_a_publish_that_carries_our_headers_keeps_them_and_shows_its_own_id() -> None:
+    """A retry or a deferral: its headers are ours already, its kwargs repr is Celery's."""
+    headers: dict[str, object] = {hdr.CORRELATION: "mine", "kwargsrepr": "{'x': 1}"}
     with context.bind(correlation_id="other"):
         tracing.on_before_publish(headers=headers)
-    assert headers == {hdr.CORRELATION: "mine", "kwargsrepr": "{}"}
+    assert headers == {hdr.CORRELATION: "mine", "kwargsrepr": "{'x': 1, '~correlation': 'mine'}"}
+    tracing.on_before_publish(headers=headers)  # shown once
+    assert headers["kwargsrepr"] == "{'x': 1, '~correlation': 'mine'}"
 
 
 def test_the_formatters_read_the_story_from_the_context_when_no_factory_set_it() -> None:
