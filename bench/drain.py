@@ -232,7 +232,7 @@ def section(report: Report, client: Any, *, n: int, rounds: int) -> None:
     client.flushdb()
     rates = run(client, [target(name) for name in MAIN], n, rounds)
     report.notes.append(f"drain: {verify(client, MAIN, WARM + n // rounds * rounds)}")
-    report.add(ratio_row("drain", rates, "conv", "raw", ">= 0.85"))
+    report.add(ratio_row("drain", rates, "conv", "raw", ">= 0.9"))
     report.add(ratio_row("drain", rates, "conv", "default"))
     report.add(ratio_row("drain", rates, "raw", "default"))
     report.notes.append(f"drain: {n:,} jobs per variant in {rounds} interleaved slices")

@@ -80,7 +80,7 @@ def rows(times: dict[str, list[float]], pairs: int) -> list[Row]:
 
     out = [
         Row("publish", "conventions vs raw Celery, same settings (rate ratio)",
-            ratio("conv", "raw"), "x", ">= 0.85", f"{us('conv')}, {us('raw')}; {pairs} rounds"),
+            ratio("conv", "raw"), "x", ">= 0.9", f"{us('conv')}, {us('raw')}; {pairs} rounds"),
         Row("publish", "raw Celery defaults vs raw Celery reliable", ratio("default", "raw"), "x",
             note=f"{us('default')}"),
         Row("publish", "conventions + hiredis vs conventions", ratio("conv_hiredis", "conv"), "x",
