@@ -25,6 +25,7 @@ from conventions.jobs.backoff import Backoff
 from conventions.jobs.contract import Contract, KeyTemplate
 from conventions.jobs.decisions import DEFAULT_TABLE, Decision, DecisionTable
 from conventions.jobs.payloads import Payload
+from conventions.observability import runs
 from conventions.store import Store, open_store
 from conventions.task import ConventionTask, template_fields
 from conventions.tracing.headers import READY
@@ -145,6 +146,7 @@ class App(Celery):  # type: ignore[misc]
         uses: tuple[str, ...] = (),
         overflow: str = "raise",
         key_override: bool = False,
+        keep_logs: bool = False,
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``.
@@ -155,6 +157,9 @@ class App(Celery):  # type: ignore[misc]
         ``key_override=True``: a call may give the key (``idempotency_key=``) and the
         worker takes the one the message carries; off (the default), the key is always
         the one ``key`` derives from the payload (docs/howto/idempotency.md).
+
+        ``keep_logs=True``: the log lines of each run are kept, scrubbed and capped, in its
+        run record (``conventions.observability.runs.keep_logs``; the console's run page).
 
         ``@app.job(CONTRACT, backoff=...)``: the name, payload, key, workload and publish
         options come from a :class:`~conventions.jobs.contract.Contract` the web process
@@ -226,6 +231,8 @@ class App(Celery):  # type: ignore[misc]
             task = self.task(name=name, base=ConventionTask, lazy=False, shared=False, **options)(
                 fun
             )
+            if keep_logs:
+                runs.keep_logs(task)
             return cast(ConventionTask, task)
 
         return decorate

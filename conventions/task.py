@@ -147,7 +147,9 @@ class ConventionTask(Task):  # type: ignore[misc]
         fingerprint = keys.fingerprint(self.name, data)  # one key, one payload
         task_id = task_id or str(uuid.uuid4())
         store = self.store
-        published = audit.event("published", self.name, task_id, headers)
+        published = audit.event(
+            "published", self.name, task_id, headers, detail=audit.due_detail(options)
+        )
         refusal = backpressure.check(self, options)  # None unless a queue bound is crossed
         if refusal is None and onetrip.eligible(self.app, store):
             return self._publish_in_one_trip(

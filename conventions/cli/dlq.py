@@ -32,7 +32,12 @@ from conventions.cli.base import (
 )
 from conventions.observability import trace as tracing
 from conventions.ops import replay as replaylib
-from conventions.ops.retention import AUDIT_RETENTION, DEAD_LETTER_RETENTION, purge_expired
+from conventions.ops.retention import (
+    AUDIT_RETENTION,
+    DEAD_LETTER_RETENTION,
+    RUNS_RETENTION,
+    purge_expired,
+)
 from conventions.store.records import Category
 
 DURATION = Parsed(fmt.parse_duration, "DURATION")
@@ -200,13 +205,22 @@ def trace(app: App, correlation_id: str, as_json: bool) -> int:
     metavar="DURATION",
     help=f"keep audit events this long (default {AUDIT_RETENTION.days}d)",
 )
-def retention(app: App, dead_letters: timedelta, audit: timedelta) -> int:
-    """Purge old dead letters and audit events."""
+@click.option(
+    "--runs",
+    type=DURATION,
+    default=f"{RUNS_RETENTION.days}d",
+    metavar="DURATION",
+    help=f"keep runs this long after they were queued (default {RUNS_RETENTION.days}d)",
+)
+def retention(app: App, dead_letters: timedelta, audit: timedelta, runs: timedelta) -> int:
+    """Purge old dead letters, audit events and runs."""
     now = datetime.now(UTC)
     count = app.store.purge_dead_letters(now - dead_letters)
     print(f"deleted {count} dead letters last failed before {fmt.when(now - dead_letters)}")
     count = app.store.purge_audit(now - audit)
     print(f"deleted {count} audit events of trails idle since before {fmt.when(now - audit)}")
+    count = app.store.purge_runs(now - runs)
+    print(f"deleted {count} runs queued before {fmt.when(now - runs)}")
     for table, count in purge_expired(app.store).items():
         print(f"deleted {count} expired {table} rows")
     return 0

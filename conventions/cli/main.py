@@ -16,6 +16,7 @@ Inside Celery's CLI the app is the one ``celery -A`` loaded (with ``--config``,
     conventions outbox relay|status|dead|init         (conventions.cli.outbox)
     conventions schedule list|trigger|check           (conventions.cli.schedule)
     conventions keys show|clear                       (conventions.cli.keys)
+    conventions runs list|show                        (conventions.cli.runs)
     conventions web                                   (conventions.cli.web)
 
 Every connection a command opens waits at most ``--timeout`` seconds. Exit status: 0
@@ -38,6 +39,7 @@ from conventions.cli import keys as cli_keys
 from conventions.cli import lifecycle as cli_lifecycle
 from conventions.cli import observe as cli_observe
 from conventions.cli import outbox as cli_outbox
+from conventions.cli import runs as cli_runs
 from conventions.cli import schedule as cli_schedule
 from conventions.cli import web as cli_web
 
@@ -114,6 +116,7 @@ for _command in (
     *cli_outbox.COMMANDS,
     *cli_schedule.COMMANDS,
     *cli_keys.COMMANDS,
+    *cli_runs.COMMANDS,
     *cli_web.COMMANDS,
 ):
     cli.add_command(_command)

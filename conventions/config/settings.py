@@ -32,6 +32,12 @@ AUDIT_MAX_EVENTS = 500
 DEAD_LETTER_RETENTION = timedelta(days=30)
 #: audit trails are kept this long after their last event
 AUDIT_RETENTION = timedelta(days=14)
+#: runs (run history) are kept this long after they were created
+RUNS_RETENTION = timedelta(days=7)
+#: the most runs a Redis store keeps; beyond it the oldest are dropped
+RUNS_MAX = 100_000
+#: the most log lines one run keeps (its newest), for the jobs that keep theirs
+RUNS_MAX_LOGS = 100
 #: how often a worker purges (``conventions.ops.retention``)
 RETENTION_INTERVAL = timedelta(hours=6)
 
@@ -86,6 +92,14 @@ class Settings:
     audit_max_trails: int = AUDIT_MAX_TRAILS
     #: the most events one audit trail keeps (its newest) on Redis; 0: no cap
     audit_max_events: int = AUDIT_MAX_EVENTS
+    #: record run history (``conventions.store.runs``)?
+    runs_enabled: bool = True
+    #: seconds a run is kept after it was created
+    runs_retention: float = RUNS_RETENTION.total_seconds()
+    #: the most runs a Redis store keeps (the oldest go first); 0: no cap
+    runs_max: int = RUNS_MAX
+    #: the most log lines one run keeps (its newest); 0: none
+    runs_max_logs: int = RUNS_MAX_LOGS
     #: seconds a publish (and each store call) may wait for the broker or the store
     publish_timeout: float = profile.PUBLISH_TIMEOUT
     #: named dependency limits (``conventions_limits``), shared by every worker
@@ -154,6 +168,10 @@ def read(conf: Any) -> Settings:
         ),
         audit_max_trails=_count(conf, "conventions_audit_max_trails", AUDIT_MAX_TRAILS),
         audit_max_events=_count(conf, "conventions_audit_max_events", AUDIT_MAX_EVENTS),
+        runs_enabled=_enabled(conf.get("conventions_runs_enabled")),
+        runs_retention=_seconds(conf, "conventions_runs_retention_seconds", RUNS_RETENTION),
+        runs_max=_count(conf, "conventions_runs_max", RUNS_MAX),
+        runs_max_logs=_count(conf, "conventions_runs_max_logs", RUNS_MAX_LOGS),
         publish_timeout=profile.publish_timeout(conf),
         limits=parse_limits(conf.get("conventions_limits")),
         backpressure=parse_bounds(conf.get("conventions_backpressure")),
@@ -167,6 +185,9 @@ def store_options(conf: Settings) -> dict[str, Any]:
         "audit_ttl": conf.audit_retention,
         "audit_max_trails": conf.audit_max_trails,
         "audit_max_events": conf.audit_max_events,
+        "runs_enabled": conf.runs_enabled,
+        "runs_max": conf.runs_max,
+        "runs_max_logs": conf.runs_max_logs,
         "socket_timeout": conf.publish_timeout,
     }
 

@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 from conventions.console import auth  # noqa: E402
 from conventions.console.context import Console, Refused, base_path, render  # noqa: E402
-from conventions.console.pages import deadletters, queues, schedules, trace  # noqa: E402
+from conventions.console.pages import deadletters, queues, runs, schedules, trace  # noqa: E402
 from conventions.errors import ConfigurationError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -83,6 +83,7 @@ def routes() -> list[BaseRoute]:
     return [
         Route("/", _home, name="home"),
         *queues.ROUTES,
+        *runs.ROUTES,
         *deadletters.ROUTES,
         *trace.ROUTES,
         *schedules.ROUTES,

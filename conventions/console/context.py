@@ -25,10 +25,10 @@ from conventions.console.rates import Rates
 
 #: the largest form body the console reads (a selection of a few hundred ids)
 MAX_FORM_BYTES = 64 * 1024
-#: the pages of the layout's navigation, in order: (path, label). Run history (issue
-#: #24's ``runs`` pages) comes with the store's run records; until then it has no entry.
+#: the pages of the layout's navigation, in order: (path, label)
 NAV: tuple[tuple[str, str], ...] = (
     ("/queues", "Queues"),
+    ("/runs", "Runs"),
     ("/dead-letters", "Dead letters"),
     ("/trace", "Trace"),
     ("/schedules", "Schedules"),

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
+from conventions.observability import runs
 from conventions.store.base import Store
-from conventions.store.records import AuditEvent
+from conventions.store.records import AuditEvent, utcnow
 from conventions.tracing import headers as hdr
 
 logger = logging.getLogger("conventions.observability.audit")
@@ -25,9 +27,11 @@ def event(
     *,
     attempt: int = 0,
     detail: Mapping[str, Any] | None = None,
+    at: datetime | None = None,
 ) -> AuditEvent:
-    """An audit event for a job carrying ``headers`` (ours, from a publish or a request)."""
-    return AuditEvent(
+    """An audit event for a job carrying ``headers`` (ours, from a publish or a request),
+    with the change it makes to the job's run record (:func:`runs.patch_for`)."""
+    found = AuditEvent(
         event=name,
         task=task,
         task_id=task_id,
@@ -36,7 +40,25 @@ def event(
         idempotency_key=headers.get(hdr.IDEMPOTENCY_KEY),
         attempt=attempt,
         detail=dict(detail or {}),
+        at=at or utcnow(),
     )
+    try:
+        change = runs.patch_for(found, headers)
+    except Exception:  # a run record is never worth a job: the event goes without it
+        logger.exception("could not build the run change of %s of %s", name, task_id)
+        return found
+    return found.with_run(change)
+
+
+def due_detail(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"due": <ISO time>}`` for a publish with a ``countdown`` or an ``eta`` (its run is
+    ``delayed`` until it starts), else ``{}``: the ``published`` event's detail."""
+    eta, countdown = options.get("eta"), options.get("countdown")
+    if eta:
+        return {"due": eta.isoformat() if isinstance(eta, datetime) else str(eta)}
+    if countdown and float(countdown) > 0:
+        return {"due": (utcnow() + timedelta(seconds=float(countdown))).isoformat()}
+    return {}
 
 
 def record(

@@ -1,4 +1,8 @@
-"""Retention: how long dead letters and audit trails are kept, and the purge behind it.
+"""Retention: how long dead letters, audit trails and runs are kept, and the purge behind it.
+
+Runs (the run history, ``conventions.store.runs``) have their own setting,
+``conventions_runs_retention_seconds`` (7 days): ``purge_runs`` deletes the runs created
+before it (on Redis the ``conventions_runs_max`` cap bounds them as well).
 
 ``purge`` and ``purge_expired`` are what ``conventions retention`` runs. ``purge_expired``
 is for the SQL store: its ledger, delivery counters, reservations, leases and state
@@ -25,7 +29,12 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from conventions.config.settings import AUDIT_RETENTION, DEAD_LETTER_RETENTION, RETENTION_INTERVAL
+from conventions.config.settings import (
+    AUDIT_RETENTION,
+    DEAD_LETTER_RETENTION,
+    RETENTION_INTERVAL,
+    RUNS_RETENTION,
+)
 from conventions.store.base import Store
 from conventions.store.records import utcnow
 
@@ -36,9 +45,11 @@ __all__ = [
     "AUDIT_RETENTION",
     "DEAD_LETTER_RETENTION",
     "RETENTION_INTERVAL",
+    "RUNS_RETENTION",
     "Purger",
     "purge",
     "purge_expired",
+    "purge_runs",
     "start",
     "stop",
 ]
@@ -53,6 +64,11 @@ def purge(store: Store, *, dead_letters: timedelta, audit: timedelta) -> tuple[i
     return store.purge_dead_letters(now - dead_letters), store.purge_audit(now - audit)
 
 
+def purge_runs(store: Store, runs: timedelta) -> int:
+    """Delete the runs created before ``runs`` ago; return how many."""
+    return store.purge_runs(utcnow() - runs)
+
+
 def purge_expired(store: Store) -> dict[str, int]:
     """Delete the SQL store's rows past their own expiry; how many, per table (nothing on
     Redis, which expires them by TTL)."""
@@ -64,11 +80,18 @@ class Purger:
     """A daemon thread that purges ``app.store`` at start, then every ``interval``."""
 
     def __init__(
-        self, app: App, *, dead_letters: timedelta, audit: timedelta, interval: timedelta
+        self,
+        app: App,
+        *,
+        dead_letters: timedelta,
+        audit: timedelta,
+        interval: timedelta,
+        runs: timedelta = RUNS_RETENTION,
     ) -> None:
         self.app = app
         self.dead_letters = dead_letters
         self.audit = audit
+        self.runs = runs
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="conventions-retention")
@@ -88,15 +111,17 @@ class Purger:
         return self._thread.is_alive()
 
     def run_once(self) -> tuple[int, int] | None:
-        """One purge (dead letters, audit trails, then expired SQL rows); the first two
-        counts, or None when it failed (logged, never raised)."""
+        """One purge (dead letters, audit trails, runs, then expired SQL rows); the first
+        two counts, or None when it failed (logged, never raised)."""
         try:
             counts = purge(self.app.store, dead_letters=self.dead_letters, audit=self.audit)
+            runs = purge_runs(self.app.store, self.runs)
             expired = purge_expired(self.app.store)
         except Exception:
             logger.exception("retention: purge failed; next try in %s", self.interval)
             return None
-        logger.info("retention: deleted %d dead letters and %d audit events", *counts)
+        logger.info("retention: deleted %d dead letters, %d audit events and %d runs",
+                    *counts, runs)  # fmt: skip
         if expired:
             logger.info("retention: deleted expired rows %s", _rows(expired))
         return counts
@@ -129,6 +154,7 @@ def start(app: App) -> Purger | None:
             dead_letters=timedelta(seconds=conf.dead_letter_retention),
             audit=timedelta(seconds=conf.audit_retention),
             interval=timedelta(seconds=conf.retention_interval),
+            runs=timedelta(seconds=conf.runs_retention),
         )
         _purgers[id(app)] = purger
         purger.start()

@@ -54,13 +54,15 @@ def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
 
 def open_store(url: str, **redis_options: Any) -> Store:
     """The store for ``url``, chosen by its scheme (see :func:`resolve_url`);
-    ``redis_options`` go to :class:`RedisStore` (the audit trail's ttl and caps)."""
+    ``redis_options`` go to :class:`RedisStore` (the audit trail's ttl and caps; the
+    run history's ``runs_*`` go to either store)."""
     backend, resolved = resolve_url(url)
     if backend == "redis":
         return RedisStore(resolved, **redis_options)
     from conventions.store.sql import SQLStore  # MissingExtra without the 'sql' extra
 
-    store: Store = SQLStore(resolved)
+    runs = {name: value for name, value in redis_options.items() if name.startswith("runs_")}
+    store: Store = SQLStore(resolved, **runs)
     return store
 
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from conventions.store.records import AuditEvent, Category, Claim, DeadLetter, Holder
+from conventions.store.runs import Run
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,30 @@ class Store(Protocol):
     def purge_audit(self, older_than: datetime) -> int:
         """Delete the trails whose last event is before ``older_than`` (a trail with a
         recent event is kept whole); return how many events were deleted."""
+        ...
+
+    # -- run history (conventions.store.runs) -------------------------------------------
+    # Written only with the audit events (each carries its run's change), never on its own.
+    def get_run(self, task_id: str) -> Run | None:
+        """The run record of job ``task_id``, or None."""
+        ...
+
+    def list_runs(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        **filters: str | None,
+    ) -> list[Run]:
+        """Newest first (by creation), filtered by ``task``, ``state``, ``key``,
+        ``correlation_id`` and ``queue`` (each None: any) and creation time."""
+        ...
+
+    def count_runs(self) -> int: ...
+
+    def purge_runs(self, older_than: datetime) -> int:
+        """Delete the runs created before ``older_than``; return how many."""
         ...
 
     # -- leases -----------------------------------------------------------------------

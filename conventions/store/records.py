@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 
 def utcnow() -> datetime:
@@ -139,6 +139,18 @@ class AuditEvent:
     at: datetime = field(default_factory=utcnow)
     #: small JSON-ready details: a delay, a reason, a category, an actor
     detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run(self) -> dict[str, Any] | None:
+        """The change this event makes to its job's run record (``conventions.store.runs``),
+        written by the store with the event. Not a field: never part of the trail, of
+        the event's equality or of its dict form."""
+        return cast("dict[str, Any] | None", self.__dict__.get("_run"))
+
+    def with_run(self, change: dict[str, Any] | None) -> AuditEvent:
+        """This event, carrying ``change`` to its run (set once, as the event is made)."""
+        object.__setattr__(self, "_run", change)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         """Built field by field: ``dataclasses.asdict`` deep-copies, and this runs on

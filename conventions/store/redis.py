@@ -22,7 +22,12 @@ from typing import Any, cast
 import redis
 
 from conventions.config.profile import PUBLISH_TIMEOUT
-from conventions.config.settings import AUDIT_MAX_EVENTS, AUDIT_MAX_TRAILS
+from conventions.config.settings import (
+    AUDIT_MAX_EVENTS,
+    AUDIT_MAX_TRAILS,
+    RUNS_MAX,
+    RUNS_MAX_LOGS,
+)
 from conventions.store import keys
 from conventions.store.base import KeyState
 from conventions.store.records import AuditEvent, Claim, ClaimStatus, Holder, utcnow
@@ -70,6 +75,9 @@ class RedisStore(RedisRecords, RedisCoordination):
         *,
         audit_max_trails: int = AUDIT_MAX_TRAILS,
         audit_max_events: int = AUDIT_MAX_EVENTS,
+        runs_enabled: bool = True,
+        runs_max: int = RUNS_MAX,
+        runs_max_logs: int = RUNS_MAX_LOGS,
         socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
         if isinstance(client_or_url, str):
@@ -90,6 +98,7 @@ class RedisStore(RedisRecords, RedisCoordination):
         self.audit_ttl = audit_ttl
         self.audit_max_trails = audit_max_trails
         self.audit_max_events = audit_max_events
+        self.runs_enabled, self.runs_max, self.runs_max_logs = runs_enabled, runs_max, runs_max_logs
         register = self.client.register_script
         self._reserve = register(RESERVE)
         self._reserve_push = register(RESERVE_PUSH)

@@ -29,6 +29,7 @@ from redis.commands.core import Script
 
 from conventions.store import counts, keys
 from conventions.store.records import AuditEvent, Category, DeadLetter
+from conventions.store.redis_runs import RUN, RedisRuns
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
 _DROP_RECORD = """
@@ -121,7 +122,8 @@ AUDIT_BYTES_PER_JOB = 900
 #: trail, the by-time index and the counters hash as its last three KEYS and (event JSON
 #: or '', the same without its job fields or '', trail ttl s, score, correlation id,
 #: counter fields JSON [field, n, ...], trail key prefix, max events per trail, max
-#: trails) as its last nine ARGV.
+#: trails, and the event's run change or '': :data:`~conventions.store.redis_runs.RUN`)
+#: as its last ten ARGV.
 #:
 #: The job fields (task, causation, idempotency key) are kept once per job and trail: an
 #: event whose nearest earlier event of the same task id (among the last 16) carries the
@@ -130,7 +132,9 @@ AUDIT_BYTES_PER_JOB = 900
 #: first event that leaned on a dropped one gets its job fields back); beyond max trails,
 #: the trails idle longest are dropped, at most two per event (a lowered cap is reached
 #: gradually, and one event never runs long).
-AUDIT = """
+AUDIT = (
+    RUN
+    + """
 local function same_job(raw, task_id)
   if not string.find(raw, task_id, 1, true) then return nil end
   local ok, other = pcall(cjson.decode, raw)
@@ -181,9 +185,10 @@ local function trim(trail, max_events, length)
 end
 
 local function record_audit()
-  local n = #ARGV
+  local n = #ARGV - 1
   local event = ARGV[n - 8]
   if event == '' then return end
+  record_run(ARGV[#ARGV])
   local trail, by_time, id = KEYS[#KEYS - 2], KEYS[#KEYS - 1], ARGV[n - 4]
   local length = redis.call('RPUSH', trail, shortest(trail, event, ARGV[n - 7]))
   local max_events = tonumber(ARGV[n - 1])
@@ -210,6 +215,7 @@ local function record_audit()
   end
 end
 """
+)
 
 #: KEYS: trail, by-time index, counters. ARGV: the audit args (see :data:`AUDIT`).
 _ADD_AUDIT = AUDIT + "record_audit()\nreturn 1\n"
@@ -254,7 +260,7 @@ def _score(moment: datetime) -> str:
     return repr(moment.timestamp())
 
 
-class RedisRecords:
+class RedisRecords(RedisRuns):
     """Dead letters and audit trails: the methods of
     :class:`~conventions.store.redis.RedisStore` that keep records."""
 
@@ -274,6 +280,7 @@ class RedisRecords:
         self._list_dead_letters = register(_LIST_DEAD_LETTERS)
         self._purge_audit = register(_PURGE_AUDIT)
         self._add_audit = register(_ADD_AUDIT)
+        self._register_runs()
 
     # -- dead letters -------------------------------------------------------------------
     def put_dead_letter(self, record: DeadLetter) -> None:
@@ -348,13 +355,14 @@ class RedisRecords:
         """The trailing KEYS and ARGV of a script that records ``event`` (or nothing)."""
         by_time, counted = keys.audit_by_time(self.prefix), keys.counts(self.prefix)
         if event is None:
-            return [by_time, by_time, counted], ["", "", 1, 0, "", "[]", "", 0, 0]
+            return [by_time, by_time, counted], ["", "", 1, 0, "", "[]", "", 0, 0, ""]
         trail = keys.audit(event.correlation_id, self.prefix)
         ttl = max(1, math.ceil(self.audit_ttl))
         moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
         return [trail, by_time, counted], [
             *_compact(event), ttl, _score(event.at), event.correlation_id, moved,
             keys.audit("", self.prefix), self.audit_max_events, self.audit_max_trails,
+            self._run_arg(event),
         ]  # fmt: skip
 
     def audit_for(self, correlation_id: str) -> list[AuditEvent]:

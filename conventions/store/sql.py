@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from conventions.config import extras
+from conventions.config.settings import RUNS_MAX_LOGS
 
 try:
     import sqlalchemy as sa
@@ -42,6 +43,7 @@ from conventions.store.records import (
     Holder,
 )
 from conventions.store.sql_records import SQLRecords
+from conventions.store.sql_runs import runs_table
 from conventions.store.sql_tables import (
     UTCDateTime,
     _bucket_table,
@@ -96,7 +98,12 @@ class SQLStore(SQLRecords):
         url_or_engine: str | sa.Engine,
         table_prefix: str = "cc_",
         delivery_ttl: float = 7 * 86400,
+        *,
+        runs_enabled: bool = True,
+        runs_max: int = 0,
+        runs_max_logs: int = RUNS_MAX_LOGS,
     ) -> None:
+        """``runs_max`` is the Redis store's cap: a database is bounded by retention."""
         self._owns_engine = isinstance(url_or_engine, str)
         self._engine = (
             make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
@@ -116,6 +123,9 @@ class SQLStore(SQLRecords):
         self.leases, self.states = _lease_tables(self.metadata, table_prefix)
         self.counts = _counts_table(self.metadata, table_prefix)
         self.buckets = _bucket_table(self.metadata, table_prefix)
+        self.runs = runs_table(self.metadata, table_prefix)
+        self.runs_enabled, self.runs_max_logs = runs_enabled, runs_max_logs
+        del runs_max
 
     @property
     def engine(self) -> sa.Engine:

@@ -19,10 +19,10 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
 
 from conventions.store import counts
 from conventions.store.records import AuditEvent, Category, DeadLetter
-from conventions.store.sql_coordination import SQLCoordination
+from conventions.store.sql_runs import SQLRuns
 
 
-class SQLRecords(SQLCoordination):
+class SQLRecords(SQLRuns):
     """Dead letters and audit events, on the tables of :class:`SQLTables`."""
 
     # -- dead letters --------------------------------------------------------------------
@@ -100,6 +100,7 @@ class SQLRecords(SQLCoordination):
             }
             conn.execute(sa.insert(self.audit).values(row))
             self._count(conn, event)
+            self._record_run(conn, event)
 
     def _count(self, conn: sa.Connection, event: AuditEvent) -> None:
         """Move the event's counters in the caller's transaction: one multi-row upsert, rows

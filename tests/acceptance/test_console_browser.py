@@ -4,7 +4,8 @@ real worker on Redis.
 A dead letter appears on the page, is replayed from it with a reason, the replay's run
 succeeds and the audit names the authorizer's actor; a read-only user has no replay
 button and a forged POST is refused; a schedule trigger double-clicked sends once; the
-queues page refreshes itself. With ``CONSOLE_SCREENSHOTS=1`` the test writes each page's
+queues page refreshes itself; a job's run appears on the runs page and its page shows
+its attempts. With ``CONSOLE_SCREENSHOTS=1`` the test writes each page's
 screenshot to docs/img/console-*.png (docs/howto/console.md shows them).
 """
 
@@ -29,7 +30,10 @@ from conventions.console import Principal, Role, console_app, csrf
 from conventions.store.records import AuditEvent, DeadLetter
 from tasks import app
 from tests.fixtures import unavailable
-from tests.integration import support_flaky  # registers testing.flaky.v1 before the worker
+from tests.integration import (
+    support_flaky,  # registers testing.flaky.v1 before the worker
+    support_runs,  # registers testing.runs_retry.v1
+)
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,3 +271,25 @@ def test_a_queue_paused_from_the_page_is_not_consumed_until_resumed(
     audit_event(story, "succeeded", result.id)
     paused = [e for e in app.store.audit_for("queue:email") if e.event == "queue_paused"]
     assert paused[-1].detail["actor"] == "olivia@ops"
+
+
+def test_a_jobs_run_appears_on_the_runs_page_and_its_page_shows_its_attempts(
+    open_as: Callable[..., Any],
+) -> None:
+    item = f"item{uuid.uuid4().hex[:8]}"
+    job = support_runs.runs_retry.delay(item_id=item)
+    assert job.get(timeout=WAIT) == "ok"
+    eventually(lambda: (run := app.store.get_run(job.id)) and not run.live, f"the run of {job.id}")
+    page = open_as("olivia@ops", "operator")
+    page.goto("/runs?task=testing.runs_retry.v1")
+    link = page.locator(f'a[href="/runs/{job.id}"]')
+    link.wait_for()
+    shot(page, "runs")
+    link.click()
+    page.locator("#attempts").wait_for()
+    rows = page.locator("#attempts tbody tr")
+    assert rows.count() == 2
+    assert "retried" in rows.nth(0).inner_text() and "succeeded" in rows.nth(1).inner_text()
+    assert "TransientError: the provider timed out" in rows.nth(0).inner_text()
+    assert f"attempt 2 of item {item}" in page.locator("#logs").inner_text()
+    shot(page, "runs-detail")

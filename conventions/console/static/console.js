@@ -56,3 +56,25 @@ function live(marker) {
   setInterval(refresh, every);
 }
 document.querySelectorAll("[data-live]").forEach(live);
+// The runs page: the progress of the running runs refreshes itself (a finished run
+// keeps its last reading until the page is loaded again).
+function liveRuns(marker) {
+  const every = Number(marker.dataset.every || 5) * 1000;
+  const refresh = async () => {
+    try {
+      const reply = await fetch(marker.dataset.liveRuns, { headers: { accept: "application/json" } });
+      if (!reply.ok) throw new Error(String(reply.status));
+      const data = await reply.json();
+      for (const run of data.running) {
+        const cell = document.querySelector(`tr[data-run="${CSS.escape(run.id)}"] [data-field="progress"]`);
+        const p = run.progress;
+        if (cell && p) cell.textContent = p.total ? `${p.done}/${p.total}` : String(p.done);
+      }
+      marker.textContent = `${data.running.length} · updated ${new Date().toLocaleTimeString()}`;
+    } catch (error) {
+      marker.textContent = `not updated (${error.message})`;
+    }
+  };
+  setInterval(refresh, every);
+}
+document.querySelectorAll("[data-live-runs]").forEach(liveRuns);

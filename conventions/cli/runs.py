@@ -1,0 +1,122 @@
+"""``conventions runs``: the run history, one record per job.
+
+    conventions runs list [--task T] [--state S] [--key K] [--correlation C] [--queue Q]
+                          [--since WHEN] [--limit N] [--json]
+    conventions runs show TASK_ID [--json]
+
+``list`` prints the newest runs first (by when they were queued), filtered; ``show`` one
+run whole: its fields, each attempt (worker, start, end, outcome, scrubbed error) and,
+for a job that keeps them (``conventions.observability.runs.keep_logs``), its log lines.
+Exit status: 0 done, 1 no such run, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import click
+
+from conventions.app import App
+from conventions.cli import format as fmt
+from conventions.cli.base import REFUSED, Failure, Group, Parsed, command, json_option
+from conventions.store.runs import STATES, Run
+
+SINCE = Parsed(fmt.parse_since, "WHEN")
+
+
+@click.group("runs", cls=Group)
+def runs_group() -> None:
+    """The run history: list, show."""
+
+
+def runs_table(found: list[Run]) -> str:
+    rows = [
+        (
+            run.id, run.task, run.state, fmt.when(run.created_at), str(len(run.attempts)),
+            run.queue or "-", run.key or "-",
+        )
+        for run in found
+    ]  # fmt: skip
+    return fmt.table(("ID", "TASK", "STATE", "QUEUED", "ATTEMPTS", "QUEUE", "KEY"), rows)
+
+
+def run_detail(run: Run) -> str:
+    fields = [
+        ("id", run.id), ("task", run.task), ("version", run.version), ("state", run.state),
+        ("queued", fmt.when(run.created_at)), ("updated", fmt.when(run.updated_at)),
+        ("ended", fmt.when(run.ended_at) if run.ended_at else "-"), ("queue", run.queue),
+        ("key", run.key), ("correlation", run.correlation_id), ("causation", run.causation_id),
+        ("actor", run.actor), ("category", run.category), ("dead letter", run.dead_letter_id),
+        ("replay of", run.replay_of), ("replayed by", run.replayed_by),
+    ]  # fmt: skip
+    lines = [f"{name:<12} {value}" for name, value in fields if value]
+    lines.append("attempts")
+    for attempt in run.attempts:
+        start = fmt.when(attempt.started_at) if attempt.started_at else "-"
+        end = fmt.when(attempt.ended_at) if attempt.ended_at else "-"
+        lines.append(
+            f"  #{attempt.n} {attempt.outcome or 'running'} on {attempt.worker or '-'} "
+            f"from {start} to {end}"
+        )
+        if attempt.error:
+            lines.append(f"     error: {fmt.first_line(attempt.error)}")
+    if run.logs:
+        lines.append("logs")
+        lines.extend(f"  {line}" for line in run.logs)
+    return "\n".join(lines)
+
+
+@command("list")
+@click.option("--task", help="the task name, e.g. email.send_receipt.v1")
+@click.option("--state", type=click.Choice(STATES), help="the run's state")
+@click.option("--key", help="the idempotency key (as the body sees it)")
+@click.option("--correlation", help="the correlation id")
+@click.option("--queue", help="the queue it was delivered from")
+@click.option("--since", type=SINCE, help="queued since: 2h, 3d, or an ISO 8601 time")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@json_option
+def list_command(  # noqa: PLR0917
+    app: App,
+    task: str | None,
+    state: str | None,
+    key: str | None,
+    correlation: str | None,
+    queue: str | None,
+    since: datetime | None,
+    limit: int,
+    as_json: bool,
+) -> int:
+    """The newest runs first, filtered."""
+    found = app.store.list_runs(
+        task=task, state=state, key=key, correlation_id=correlation, queue=queue,
+        since=since, limit=limit,
+    )  # fmt: skip
+    if as_json:
+        print(json.dumps([run.to_dict() for run in found], indent=2))
+    elif found:
+        print(runs_table(found))
+    else:
+        print("no runs")
+    return 0
+
+
+@command("show")
+@click.argument("task_id", metavar="TASK_ID")
+@json_option
+def show_command(app: App, task_id: str, as_json: bool) -> int:
+    """One run: its fields, attempts and logs."""
+    run = app.store.get_run(task_id)
+    if run is None:
+        raise Failure(f"no run {task_id} (never recorded, or past retention)", REFUSED)
+    if as_json:
+        print(json.dumps(run.to_dict(), indent=2))
+    else:
+        print(run_detail(run))
+    return 0
+
+
+for _command in (list_command, show_command):
+    runs_group.add_command(_command)
+#: the commands this module adds to ``conventions``
+COMMANDS = (runs_group,)

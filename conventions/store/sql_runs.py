@@ -1,0 +1,123 @@
+"""The run history part of the SQL store (:mod:`conventions.store.runs`).
+
+One row per run in ``{p}runs``: the fields it is found by as columns (indexed), the
+whole record as JSON. A row changes in the transaction of the audit event that carries
+the change (:meth:`SQLRuns._record_run`): the row is locked (``SELECT ... FOR UPDATE``
+on PostgreSQL; SQLite writes one at a time), merged (:func:`runs.merge`) and written.
+Retention purges by creation time, in batches.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from conventions.config import extras
+from conventions.config.settings import RUNS_MAX_LOGS
+
+try:
+    import sqlalchemy as sa
+except ModuleNotFoundError as exc:  # the 'sql' extra
+    raise extras.missing("sql", "the SQL store") from exc
+
+from conventions.store import runs
+from conventions.store.records import AuditEvent
+from conventions.store.runs import Run
+from conventions.store.sql_coordination import SQLCoordination
+from conventions.store.sql_tables import UTCDateTime
+
+
+def runs_table(metadata: sa.MetaData, p: str) -> sa.Table:
+    """``{p}runs``: one row per run."""
+    return sa.Table(
+        f"{p}runs",
+        metadata,
+        sa.Column("id", sa.String(255), primary_key=True),
+        sa.Column("task", sa.String(255), nullable=False),
+        sa.Column("state", sa.String(32), nullable=False),
+        sa.Column("queue", sa.String(255)),
+        sa.Column("key", sa.String(1024)),
+        sa.Column("correlation_id", sa.String(255)),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("updated_at", UTCDateTime(), nullable=False),
+        sa.Column("data", sa.Text(), nullable=False),
+        sa.Index(f"ix_{p}runs_created", "created_at"),
+        sa.Index(f"ix_{p}runs_task", "task", "created_at"),
+        sa.Index(f"ix_{p}runs_state", "state", "created_at"),
+        sa.Index(f"ix_{p}runs_correlation", "correlation_id"),
+        sa.Index(f"ix_{p}runs_key", "key"),
+    )
+
+
+class SQLRuns(SQLCoordination):
+    """Run records on ``self.runs``."""
+
+    runs: sa.Table
+    runs_enabled: bool = True
+    runs_max_logs: int = RUNS_MAX_LOGS
+
+    def _record_run(self, conn: sa.Connection, event: AuditEvent) -> None:
+        """Apply ``event``'s run change in the caller's transaction."""
+        change = event.run
+        if change is None or not self.runs_enabled:
+            return
+        t = self.runs
+        query = sa.select(t.c.data).where(t.c.id == change["id"])
+        if self._postgres:
+            query = query.with_for_update()
+        found = conn.execute(query).scalar()
+        doc = runs.merge(
+            None if found is None else json.loads(found), change, max_logs=self.runs_max_logs
+        )
+        run = Run.from_doc(doc)
+        row = {
+            "task": run.task, "state": run.state, "queue": run.queue, "key": run.key,
+            "correlation_id": run.correlation_id, "created_at": run.created_at,
+            "updated_at": run.updated_at, "data": json.dumps(doc),
+        }  # fmt: skip
+        if found is None:
+            inserted = self._upsert(t, {"id": run.id, **row}, where=None)
+            conn.execute(inserted)
+        else:
+            conn.execute(sa.update(t).where(t.c.id == run.id).values(row))
+
+    def get_run(self, task_id: str) -> Run | None:
+        t = self.runs
+        with self._read() as conn:
+            data = conn.execute(sa.select(t.c.data).where(t.c.id == task_id)).scalar()
+        return None if data is None else Run.from_doc(json.loads(data))
+
+    def list_runs(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        **filters: str | None,
+    ) -> list[Run]:
+        """Newest first (by creation, ties by id descending)."""
+        unknown = set(filters) - set(runs.FILTERS)
+        if unknown:
+            raise TypeError(f"list_runs: unknown filters {sorted(unknown)}")
+        if limit <= 0:
+            return []
+        t = self.runs
+        query = sa.select(t.c.data).order_by(t.c.created_at.desc(), t.c.id.desc())
+        for name, value in filters.items():
+            if value is not None:
+                query = query.where(t.c[name] == value)
+        if since is not None:
+            query = query.where(t.c.created_at >= since)
+        if until is not None:
+            query = query.where(t.c.created_at <= until)
+        with self._read() as conn:
+            rows = conn.execute(query.limit(limit)).scalars().all()
+        return [Run.from_doc(json.loads(data)) for data in rows]
+
+    def count_runs(self) -> int:
+        with self._read() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(self.runs)).scalar_one())
+
+    def purge_runs(self, older_than: datetime) -> int:
+        t = self.runs
+        return self._delete_batches(t, t.c.created_at < older_than)
