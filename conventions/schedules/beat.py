@@ -22,6 +22,9 @@ publishes again, and the enqueue reservation (job still pending) or the executio
 (job done: ``skipped_duplicate``) absorbs it, so the body runs once. Nothing written
 before the publish can suppress an occurrence whose job was never published.
 
+A paused entry (``conventions.schedules.pauses``) is not sent by beat: ``send`` finds
+its pause record first, logs it and returns None. ``trigger`` sends it anyway.
+
 The enqueue reservation of the task itself is released when its job finishes
 (``until_done``); ``schedule:sent:`` is what keeps a late second beat from publishing again.
 """
@@ -38,7 +41,7 @@ from celery.beat import PersistentScheduler
 from conventions.errors import ConfigurationError
 from conventions.observability import audit
 from conventions.schedules import entries as schedules
-from conventions.schedules import overlap
+from conventions.schedules import overlap, pauses
 from conventions.schedules.entries import Entry, Occurrence
 from conventions.task import ConventionTask, DuplicateResult
 from conventions.tracing import headers as hdr
@@ -82,10 +85,19 @@ def send(
     *,
     actor: str = "beat",
     extra_headers: dict[str, Any] | None = None,
+    manual: bool = False,
 ) -> Any:
     """Publish one occurrence once; a later send of it returns the first job's handle
-    (``.deduplicated``) and records ``deduplicated``."""
+    (``.deduplicated``) and records ``deduplicated``. None, and nothing sent, while the
+    entry is paused, unless ``manual`` (a trigger)."""
     task = _task_of(app, entry)
+    held = None if manual else pauses.paused(task.store, entry.name)
+    if held is not None:
+        logger.info(
+            "%s %s: not sent, the entry is paused (by %s at %s: %s)",
+            entry.name, occurrence.label, held.get("actor"), held.get("at"), held.get("reason"),
+        )  # fmt: skip
+        return None
     headers = {**(extra_headers or {}), **occurrence_headers(entry, occurrence, actor)}
     sent = task.store.get_state(sent_key(occurrence))
     if sent is not None:
@@ -160,7 +172,7 @@ def trigger(app: Any, name: str, at: datetime | None = None, actor: str = "cli")
     found = entry.schedule.latest(moment)
     if found is None:
         raise ConfigurationError(f"{name} has no occurrence before {moment.isoformat()}")
-    return send(app, entry, entry.occurrence(found), actor=actor)
+    return send(app, entry, entry.occurrence(found), actor=actor, manual=True)
 
 
 class Scheduler(PersistentScheduler):  # type: ignore[misc]

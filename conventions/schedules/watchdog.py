@@ -26,7 +26,7 @@ from typing import Any
 from conventions.jobs.payloads import Payload
 from conventions.observability import alerts, audit
 from conventions.schedules import entries as schedules
-from conventions.schedules import overlap
+from conventions.schedules import overlap, pauses
 from conventions.schedules.entries import Entry, Occurrence
 from conventions.store.base import Store
 from conventions.task import ConventionTask
@@ -84,8 +84,8 @@ def check(app: Any, checker_id: str | None = None) -> list[dict[str, Any]]:
     checker = checker_id or uuid.uuid4().hex
     raised: list[dict[str, Any]] = []
     for item in schedules.entries_of(app):
-        if item.expect is None:
-            continue
+        if item.expect is None or pauses.paused(store, item.name) is not None:
+            continue  # a paused entry is expected to send nothing
         since = _watched_since(store, item.name, current)
         success = overlap.last_success(store, item.name)
         for occurrence in missed(item, success, current, since):

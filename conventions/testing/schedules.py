@@ -83,6 +83,8 @@ def run_schedule(
             for at in due:
                 occurrence = entry.occurrence(at)
                 result = beat.send(app, entry, occurrence)
+                if result is None:  # the entry is paused
+                    continue
                 sent.append(
                     Sent(entry.name, occurrence, entry.task, str(result.id),
                          bool(getattr(result, "deduplicated", False)))

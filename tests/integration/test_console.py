@@ -375,3 +375,42 @@ def test_a_worker_starting_while_its_queue_is_paused_does_not_consume_it(
     assert resumed.status_code == 200
     assert thread_worker.consumer.hostname in resumed.text
     audit_event(story, "succeeded", result.id)
+
+
+def test_an_operator_pauses_and_resumes_a_schedule_entry_and_the_audit_names_them(
+    base_url: str,
+) -> None:
+    with client(base_url, "olivia@ops", "operator") as http:
+        token = token_of(http, "/schedules")
+        no_reason = http.post("/schedules/pause", data={"name": "watchdog", "csrf_token": token})
+        unknown = http.post(
+            "/schedules/pause", data={"name": "nope", "reason": "r", "csrf_token": token}
+        )
+        paused = http.post(
+            "/schedules/pause",
+            data={"name": "watchdog", "reason": "alerts storm", "csrf_token": token},
+        )
+        try:
+            page = http.get("/schedules").text
+        finally:
+            resumed = http.post("/schedules/resume", data={"name": "watchdog", "csrf_token": token})
+        again = http.post("/schedules/resume", data={"name": "watchdog", "csrf_token": token})
+    assert (no_reason.status_code, unknown.status_code) == (400, 404)
+    assert paused.status_code == 200 and "beat sends none of its occurrences" in paused.text
+    assert "paused by olivia@ops" in page and "alerts storm" in page
+    assert 'action="/schedules/resume"' in page
+    assert resumed.status_code == 200 and "resumed" in resumed.text
+    assert "was not paused" in again.text
+    trail = [(e.event, e.detail.get("actor")) for e in app.store.audit_for("schedule:watchdog")]
+    assert trail[-3:] == [
+        ("schedule_paused", "olivia@ops"),
+        ("schedule_resumed", "olivia@ops"),
+        ("schedule_resumed", "olivia@ops"),
+    ]
+    with client(base_url, "rita", "read-only") as http:
+        assert 'action="/schedules/pause"' not in http.get("/schedules").text
+        token = csrf.token(SECRET, http.cookies[csrf.COOKIE], "rita")
+        refused = http.post(
+            "/schedules/pause", data={"name": "watchdog", "reason": "r", "csrf_token": token}
+        )
+    assert refused.status_code == 403 and "read-only" in refused.text

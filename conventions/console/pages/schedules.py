@@ -1,5 +1,6 @@
 """Schedules: the entries, their next and last occurrence, last success, watchdog state;
-send an occurrence now.
+send an occurrence now; pause and resume an entry (``conventions.schedules.pauses``: beat
+sends nothing of a paused entry; a trigger still sends the occurrence it names).
 
 "Trigger" sends the occurrence the page shows (the latest one due, named on the button
 and posted with the form) exactly as beat would (``conventions.schedules.beat.trigger``):
@@ -23,7 +24,7 @@ from conventions.console import views
 from conventions.console.context import Refused, console_of, first, render, require, submitted
 from conventions.errors import ConfigurationError
 from conventions.observability import audit
-from conventions.schedules import beat, overlap, watchdog
+from conventions.schedules import beat, overlap, pauses, watchdog
 from conventions.schedules import entries as schedules
 from conventions.schedules.cadence import aware
 from conventions.tracing import headers as hdr
@@ -60,6 +61,7 @@ def rows(app: Any) -> list[dict[str, Any]]:
                 "last_at": latest.isoformat() if latest else "",
                 "last_success": (success or {}).get("occurrence"),
                 "watchdog": _watch(app, entry, success),
+                "paused": pauses.paused(app.store, entry.name),
             }
         )
     return out
@@ -111,7 +113,47 @@ async def trigger(request: Request) -> Response:
     return render(request, who, "triggered.html", {"outcome": outcome})
 
 
+def _pause(app: Any, name: str, reason: str, actor: str) -> dict[str, Any]:
+    try:
+        return pauses.pause(app, name, actor=actor, reason=reason)
+    except ConfigurationError as exc:
+        raise Refused(404, str(exc)) from exc
+
+
+def _resume(app: Any, name: str, actor: str) -> bool:
+    try:
+        return pauses.resume(app, name, actor=actor)
+    except ConfigurationError as exc:
+        raise Refused(404, str(exc)) from exc
+
+
+async def pause(request: Request) -> Response:
+    who, form = await submitted(request, "pause")
+    name, reason = first(form, "name"), first(form, "reason")
+    if not name or not reason:
+        raise Refused(400, "pausing an entry needs its name and a reason (kept in the audit)")
+    await run_in_threadpool(_pause, console_of(request).app, name, reason, who.actor)
+    message = f"{name} is paused: beat sends none of its occurrences until it is resumed."
+    return render(request, who, "scheduled.html", {"name": name, "message": message})
+
+
+async def resume(request: Request) -> Response:
+    who, form = await submitted(request, "pause")
+    name = first(form, "name")
+    if not name:
+        raise Refused(400, "which entry? (the form sends its name)")
+    was = await run_in_threadpool(_resume, console_of(request).app, name, who.actor)
+    message = (
+        f"{name} is resumed: beat sends it from its next occurrence."
+        if was
+        else f"{name} was not paused."
+    )
+    return render(request, who, "scheduled.html", {"name": name, "message": message})
+
+
 ROUTES = [
     Route("/schedules", index, name="schedules"),
+    Route("/schedules/pause", pause, methods=["POST"], name="schedule_pause"),
+    Route("/schedules/resume", resume, methods=["POST"], name="schedule_resume"),
     Route("/schedules/trigger", trigger, methods=["POST"], name="trigger"),
 ]
