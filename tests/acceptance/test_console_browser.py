@@ -214,7 +214,7 @@ def test_a_schedule_trigger_double_clicked_sends_once(open_as: Callable[..., Any
     row = page.locator("tr", has_text="watchdog")
     at = row.locator('input[name="at"]').get_attribute("value")
     shot(page, "schedules")
-    row.get_by_role("button").dblclick()
+    row.get_by_role("button", name="Trigger").dblclick()
     page.locator("#trigger-outcome").wait_for()
     from datetime import datetime
 
