@@ -15,9 +15,9 @@ an inbox or in the unacked set, all inside Redis (and its AOF), never only in a 
 * a consuming channel runs a keeper (:mod:`conventions.transport.liveness`): its
   consumer's score in ``_cc.consumers`` and the ``unacked_index`` scores of the messages
   it holds are renewed together every third of ``recovery_timeout`` (default 30 s, at
-  most 60), and the channel's visibility timeout is that bound: a job runs for hours on
+  most 36), and the channel's visibility timeout is that bound: a job runs for hours on
   a live worker and is never delivered twice, while a worker that died whole has its
-  unacked messages and its inboxes given back within ``recovery_timeout`` plus a sweep;
+  unacked messages and its inboxes given back within 5/3 of ``recovery_timeout``;
 * a fetch also says the consumer is alive and registers its inbox, in the same write,
   whenever a third of the bound went by, so both are fresh for as long as the fetch can
   fill the inbox (``recovery_timeout`` must be well above the block time: checked when
