@@ -100,9 +100,9 @@ def test_the_queues_view_prints_depth_age_and_consumers(
     frames = capsys.readouterr().out.split("QUEUE")
     assert len(frames) == 3  # two tables
     email = next(line for line in frames[2].splitlines() if line.startswith("email"))
-    _, depth, oldest, slo, delayed, due, flight, inboxes, consumers, alive, in_rate, out_rate = (
-        email.split()
-    )
+    (_, depth, oldest, slo, delayed, due, flight, inboxes, consumers, alive, in_rate, out_rate,
+     paused) = email.split()  # fmt: skip
+    assert paused == "-"
     assert (depth, slo, consumers) == ("3", "120s", "0")  # celeryconfig's email SLO
     assert (delayed, due, flight, inboxes, alive) == ("0", "-", "0", "0", "0")
     assert oldest.endswith("s") and float(oldest[:-1]) >= 0
