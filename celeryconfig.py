@@ -18,7 +18,7 @@ every setting that differs from Celery's default is listed with its reason in
 * ``CONVENTIONS_LOG_FORMAT``: the worker's log lines, ``text`` (default) or ``json``;
 * ``CONVENTIONS_DATA_DIR``: where the embedded default keeps its files (``.demo``);
 * ``CONVENTIONS_RECOVERY_TIMEOUT``: seconds after which a worker that died whole has its
-  jobs given back (default 30, at most 60; a live worker renews them however long they run);
+  jobs given back (default 30, at most 36; a live worker renews them however long they run);
 * ``CONVENTIONS_VISIBILITY_TIMEOUT``: test only: turns the renewal off and makes this the
   Redis visibility timeout again (seconds; tests shorten it to prove that a redelivered
   long job does not run twice).
