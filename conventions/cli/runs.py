@@ -12,14 +12,13 @@ Exit status: 0 done, 1 no such run, 2 a usage error.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 import click
 
 from conventions.app import App
 from conventions.cli import format as fmt
-from conventions.cli.base import REFUSED, Failure, Group, Parsed, command, json_option
+from conventions.cli.base import REFUSED, Failure, Group, Parsed, command, json_option, print_json
 from conventions.store.runs import STATES, Run
 
 SINCE = Parsed(fmt.parse_since, "WHEN")
@@ -93,7 +92,7 @@ def list_command(  # noqa: PLR0917
         since=since, limit=limit,
     )  # fmt: skip
     if as_json:
-        print(json.dumps([run.to_dict() for run in found], indent=2))
+        print_json([run.to_dict() for run in found])
     elif found:
         print(runs_table(found))
     else:
@@ -110,7 +109,7 @@ def show_command(app: App, task_id: str, as_json: bool) -> int:
     if run is None:
         raise Failure(f"no run {task_id} (never recorded, or past retention)", REFUSED)
     if as_json:
-        print(json.dumps(run.to_dict(), indent=2))
+        print_json(run.to_dict())
     else:
         print(run_detail(run))
     return 0
