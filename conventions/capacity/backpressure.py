@@ -16,6 +16,12 @@ process for :data:`READING_TTL` seconds, counting this process's own publishes s
 Several producers may therefore overshoot a bound by what they publish within one
 reading's life. Jobs a worker already holds (prefetched, or waiting for an ETA) are not
 in the list and do not count.
+
+On RabbitMQ (``amqp://``) ``max_depth`` reads the queue's ready messages with one
+passive ``queue.declare`` (cached the same way; delivered and unacked ones do not count).
+The oldest job's age cannot be read there, so a ``max_age`` bound on an AMQP broker is a
+:class:`ConfigurationError` at the first publish that reads it, not a bound that never
+trips.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from conventions.config.capacity import Bound
 from conventions.errors import ConfigurationError, QueueOverCapacity
 from conventions.jobs import routing
 from conventions.observability import audit
+from conventions.observability import queues as queueslib
 from conventions.store.records import utcnow
 from conventions.tracing import headers as hdr
 
@@ -74,6 +81,7 @@ class Gauge:
         self._lock = threading.Lock()
         self._readings: dict[str, Reading] = {}
         self._clients: dict[str, redis.Redis] = {}
+        self._amqp: dict[str, Any] = {}
 
     def read(self, app: Any, queue: str) -> Reading:
         now = time.monotonic()
@@ -100,8 +108,8 @@ class Gauge:
         url = str(app.conf.broker_url or "")
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigurationError(
-                "conventions_backpressure reads queue lists on a Redis broker; "
-                f"broker_url {url.split('://', maxsplit=1)[0]}:// is not supported"
+                "conventions_backpressure reads queue lists on a Redis broker or RabbitMQ "
+                f"(amqp://); broker_url {url.split('://', maxsplit=1)[0]}:// is not supported"
             )
         with self._lock:
             client = self._clients.get(url)
@@ -110,7 +118,29 @@ class Gauge:
                 self._clients[url] = client
         return client
 
+    def _connection(self, url: str, timeout: float) -> Any:
+        from kombu import Connection
+
+        with self._lock:
+            connection = self._amqp.get(url)
+            if connection is None:
+                connection = Connection(url, connect_timeout=timeout)
+                self._amqp[url] = connection
+        return connection
+
+    def _measure_amqp(self, app: Any, queue: str, now: float) -> Reading:
+        """The ready messages of ``queue`` on RabbitMQ (0 when it is not declared)."""
+        url = str(app.conf.broker_url or "").split(";")[0]
+        timeout = float(app.conf.get("broker_connection_timeout") or 5.0)
+        connection = self._connection(url, timeout)
+        with self._lock:  # one channel at a time on the shared connection
+            connection.ensure_connection(max_retries=1)
+            found = queueslib.declared(connection, queue)
+        return Reading(found[0] if found else 0, None, now)
+
     def _measure(self, app: Any, queue: str, now: float) -> Reading:
+        if queueslib.is_amqp(app.conf.broker_url):
+            return self._measure_amqp(app, queue, now)
         options = app.conf.get("broker_transport_options") or {}
         prefix = str(options.get("global_keyprefix") or "")
         steps = options.get("priority_steps") or PRIORITY_STEPS
@@ -172,6 +202,12 @@ def check(task: JobTask, options: Mapping[str, Any]) -> Refusal | None:
     bound = bounds.get(queue) if queue is not None else None
     if bound is None or queue is None:
         return None
+    if bound.max_age is not None and queueslib.is_amqp(task.app.conf.broker_url):
+        raise ConfigurationError(
+            f"conventions_backpressure[{queue!r}]['max_age']: RabbitMQ does not tell a "
+            "queue's oldest message's age (a passive queue.declare gives depth and "
+            "consumers only); bound it by max_depth"
+        )
     reason = over(bound, gauge.read(task.app, queue))
     if reason is None:
         gauge.published(queue)

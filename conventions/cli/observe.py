@@ -10,7 +10,9 @@ not yet due (delayed) and when the next one is, the jobs in flight and in inboxe
 workers consuming it, and those whose sign of life is fresh; and (from the second frame
 of ``--watch`` on) the rates of jobs published into it and finished out of it, from the
 store's counters. It reads the broker's Redis with the group's ``--timeout`` and exits 3
-when it does not answer.
+when it does not answer. On RabbitMQ (``amqp://``) it reads depth and consumers with a
+passive declare per queue; the oldest job's age is unknown there (``?``) and the
+transport's figures are ``-`` (:class:`conventions.observability.queues.AmqpQueues`).
 """
 
 from __future__ import annotations

@@ -116,14 +116,7 @@ def _broker_url(conf: Any) -> str:
 def delayed_delivery(conf: Any) -> bool:
     """Whether the broker keeps messages not yet due itself (the layer's Redis transport:
     delayed sets), so that no worker holds one and any countdown is safe."""
-    transport = conf.get("broker_transport")
-    if isinstance(transport, str):  # "module:Class" or "module.Class"
-        ours = transport in (profile.INBOX_TRANSPORT, profile.INBOX_TRANSPORT.replace(":", "."))
-    else:  # the class, or a subclass of it (by name: config never imports the transport)
-        ours = isinstance(transport, type) and any(
-            f"{cls.__module__}:{cls.__qualname__}" == profile.INBOX_TRANSPORT
-            for cls in transport.__mro__
-        )
+    ours = profile.names_layer_transport(conf.get("broker_transport"))
     return ours and _broker_url(conf).startswith(("redis://", "rediss://"))
 
 

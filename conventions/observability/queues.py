@@ -23,18 +23,26 @@ not import it). Without one they are ``None``: not read (kombu's stock transport
 
 Consumers come from the workers themselves (``inspect().active_queues()``, a broadcast
 that waits ``timeout`` for the replies): an exporter refreshes them in the background.
+
+On RabbitMQ (``amqp://``) :class:`AmqpQueues` reads each queue with a passive
+``queue.declare``: its ready messages and its consumers, as the broker counts them. The
+oldest job's age cannot be known that way (``age_source`` ``unknown``, with a ``note``
+saying why), and the transport-only figures (delayed, in flight, inboxes, alive) are
+``None``; a queue the broker does not have is ``not-declared``, not an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import redis
+from kombu import Connection
 
 from conventions.jobs import routing
 from conventions.tracing import headers as hdr
@@ -88,6 +96,8 @@ class QueueState:
     in_inboxes: int | None = None
     #: consumers of the queue whose sign of life is fresh (the transport's liveness set)
     consumers_alive: int | None = None
+    #: why a figure is unknown (RabbitMQ: the oldest job's age), None when all is known
+    note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,6 +242,88 @@ class BrokerQueues:
         return QueueState(queue, depth, wall - first[1], "seen")
 
 
+#: the broker URL schemes read through AMQP
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+#: why the oldest job's age is unknown on RabbitMQ
+AMQP_AGE_NOTE = (
+    "RabbitMQ's queue.declare gives no message's age (the management API or a peek "
+    "would be needed): not read"
+)
+NOT_DECLARED = "not-declared"
+
+
+class Reader(Protocol):
+    """What every queue-state reader offers (:class:`BrokerQueues`, :class:`AmqpQueues`)."""
+
+    queues: list[str]
+
+    def read(self, consumers: Mapping[str, int] | None = None) -> list[QueueState]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Reader: ...
+
+    def __exit__(self, *_: object) -> None: ...
+
+
+def is_amqp(url: Any) -> bool:
+    """Is ``url`` (the first of a ``;``-separated list) a RabbitMQ one?"""
+    return str(url or "").split(";")[0].split("://", 1)[0] in AMQP_SCHEMES
+
+
+def declared(connection: Connection, queue: str) -> tuple[int, int] | None:
+    """``(ready messages, consumers)`` of ``queue`` by a passive declare on a channel of
+    its own (a missing queue closes the channel), or None when it is not declared."""
+    channel = connection.channel()
+    try:
+        _, depth, consumers = channel.queue_declare(queue=queue, passive=True)
+    except connection.channel_errors as exc:  # amqp's NotFound (404) and the like
+        if getattr(exc, "code", None) != 404:
+            raise
+        return None
+    finally:
+        with contextlib.suppress(Exception):  # the broker closed it already (404)
+            channel.close()
+    return int(depth), int(consumers)
+
+
+class AmqpQueues:
+    """Reads queue state from RabbitMQ: one passive declare per queue. Depth counts
+    the ready messages (not those delivered and unacked); consumers are the broker's."""
+
+    def __init__(self, url: str, queues: Sequence[str], *, timeout: float = 5.0) -> None:
+        self.url = url
+        self.queues = list(queues)
+        self.connection = Connection(url, connect_timeout=timeout)
+
+    def close(self) -> None:
+        self.connection.release()
+
+    def __enter__(self) -> AmqpQueues:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def read(self, consumers: Mapping[str, int] | None = None) -> list[QueueState]:
+        """Every queue's state (``consumers`` is not needed: the broker counts them)."""
+        self.connection.ensure_connection(max_retries=1)
+        out = []
+        for queue in self.queues:
+            found = declared(self.connection, queue)
+            if found is None:
+                out.append(QueueState(
+                    queue, 0, None, NOT_DECLARED, consumers=0,
+                    note="the broker has no such queue (not declared yet)",
+                ))  # fmt: skip
+                continue
+            depth, count = found
+            source = "empty" if depth == 0 else "unknown"
+            note = None if depth == 0 else AMQP_AGE_NOTE
+            out.append(QueueState(queue, depth, None, source, consumers=count, note=note))
+        return out
+
+
 def _decode(raw: Any) -> str | None:
     if raw is None:
         return None
@@ -246,14 +338,17 @@ def queue_names(app: Any) -> list[str]:
 
 def from_app(
     app: Any, client: redis.Redis | None = None, holdings: Holdings | None = None
-) -> BrokerQueues:
-    """A reader for the app's broker and queues (a Redis broker only); ``holdings``
-    reads what the transport holds beside the lists."""
+) -> Reader:
+    """A reader for the app's broker and queues (Redis, or RabbitMQ through AMQP);
+    ``holdings`` reads what the Redis transport holds beside the lists."""
     url = str(app.conf.broker_url or "").split(";")[0]
+    if is_amqp(url):
+        timeout = float(app.conf.get("broker_connection_timeout") or 5.0)
+        return AmqpQueues(url, queue_names(app), timeout=timeout)
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(
-            f"queue state is read from a Redis broker (redis://, rediss://, unix://), "
-            f"not {url.split(':', 1)[0]!r}"
+            f"queue state is read from a Redis broker (redis://, rediss://, unix://) or "
+            f"RabbitMQ (amqp://), not {url.split(':', 1)[0]!r}"
         )
     options = app.conf.broker_transport_options or {}
     return BrokerQueues(

@@ -87,6 +87,7 @@ def consumer_timeout(conf: Any) -> float:
 
 def config_findings(conf: Any) -> Iterator[Finding]:
     """The recovery bound on the layer's transport; the countdown bound on kombu's."""
+    yield from sentinel_findings(conf)
     explicit = conf.get("conventions_max_countdown")
     if layer_transport(conf):
         yield from recovery_findings(conf)
@@ -156,13 +157,8 @@ def task_findings(conf: Any, name: str, limit: float, cap: float) -> Iterator[Fi
     elif kind == "redis":
         yield from _stock_redis_checks(conf, name, limit, cap)
         delivered_twice = cap >= visibility_timeout(conf)  # reported above, not clamped
-    elif kind == "amqp" and limit > consumer_timeout(conf):
-        yield Finding(
-            ERROR, "time-limit-beyond-consumer-timeout", name,
-            f"time limit {limit:.0f}s is beyond RabbitMQ's consumer_timeout "
-            f"({consumer_timeout(conf):.0f}s): the broker closes the channel and redelivers; "
-            "raise consumer_timeout on the server (and conventions_broker_consumer_timeout)",
-        )  # fmt: skip
+    elif kind == "amqp":
+        yield from amqp_findings(conf, name, limit, cap)
     max_countdown = settingslib.max_countdown(conf)
     if max_countdown < cap and not delivered_twice:
         yield Finding(
@@ -193,4 +189,52 @@ def _stock_redis_checks(conf: Any, name: str, limit: float, cap: float) -> Itera
             f"long is delivered twice; lower the cap below "
             f"{settingslib.max_countdown(conf):.0f}s, raise "
             f"broker_transport_options['visibility_timeout'], or select {STOCK_FIX}",
+        )  # fmt: skip
+
+
+#: how to raise RabbitMQ's ``consumer_timeout`` (milliseconds on the broker)
+CONSUMER_TIMEOUT_FIX = (
+    "raise it on the broker (rabbitmq.conf: consumer_timeout = <milliseconds>; or per "
+    "queue, RabbitMQ 3.12+: the x-consumer-timeout queue argument or a consumer-timeout "
+    "policy) and set conventions_broker_consumer_timeout to it (seconds)"
+)
+
+
+def amqp_findings(conf: Any, name: str, limit: float, cap: float) -> Iterator[Finding]:
+    """RabbitMQ closes a channel whose delivery stays unacked past ``consumer_timeout``
+    (30 min by default) and delivers its messages again. A worker holds a job unacked
+    while it runs (late acks) and, on RabbitMQ, holds a retry's ETA message unacked
+    until it is due: a running job beyond the timeout is an error; a retry wait plus a
+    run that reach it together, a warning."""
+    timeout, held = consumer_timeout(conf), min(cap, settingslib.max_countdown(conf))
+    if limit > timeout:
+        yield Finding(
+            ERROR, "time-limit-beyond-consumer-timeout", name,
+            f"time limit {limit:.0f}s is beyond RabbitMQ's consumer_timeout "
+            f"({timeout:.0f}s): the broker closes the channel and redelivers; "
+            f"{CONSUMER_TIMEOUT_FIX}",
+        )  # fmt: skip
+    elif limit + held >= timeout:
+        yield Finding(
+            WARNING, "rabbitmq-consumer-timeout", name,
+            f"time limit {limit:.0f}s plus the longest retry countdown {held:.0f}s (a "
+            "worker holds an ETA message unacked until it is due) reaches RabbitMQ's "
+            f"consumer_timeout ({timeout:.0f}s): the broker would close the channel and "
+            f"deliver the job again; {CONSUMER_TIMEOUT_FIX}, or lower the cap or the limit",
+        )  # fmt: skip
+
+
+def sentinel_findings(conf: Any) -> Iterator[Finding]:
+    """A Sentinel broker: an error with the layer's transport (it reads one Redis
+    primary, and would not follow a failover), a warning on kombu's stock one (what it
+    gives up)."""
+    if not profile.is_sentinel(conf.get("broker_url")):
+        return
+    refusal = profile.sentinel_refusal(conf, chosen=False)
+    if refusal is not None:
+        yield Finding(ERROR, "sentinel-unsupported", "broker_transport", refusal)
+    else:
+        yield Finding(
+            WARNING, "sentinel-stock-transport", "broker_url",
+            f"sentinel:// runs on {profile.SENTINEL_STOCK}",
         )  # fmt: skip

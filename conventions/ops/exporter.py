@@ -6,6 +6,8 @@ by the store in the same step as each audit event (:mod:`conventions.store.count
 every worker child at once; what is waiting is read from the broker (:mod:`queues`),
 and with the layer's Redis transport what it holds beside the queues: delayed, in
 inboxes, in flight, and the consumers alive (:mod:`conventions.ops.transport_view`).
+On RabbitMQ the depth and consumers come from a passive declare; the oldest job's age
+is not known there and its gauge is absent for a queue with jobs (never a made-up 0).
 The exporter only reads, so a restart loses nothing and two exporters agree.
 
 Names are ``celery_conventions_<noun>_total`` (counters), ``..._seconds`` (histograms
@@ -197,7 +199,7 @@ class Exporter:
     def __init__(
         self,
         app: Any,
-        broker: queues.BrokerQueues | None = None,
+        broker: queues.Reader | None = None,
         *,
         outbox_lag: OutboxLag | None = None,
         consumers_timeout: float = 1.0,

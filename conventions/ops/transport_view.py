@@ -41,7 +41,7 @@ def transport_holdings(unacked_key: str = "unacked") -> queues.Holdings:
     return read
 
 
-def broker_reader(app: Any, client: Any = None) -> queues.BrokerQueues:
+def broker_reader(app: Any, client: Any = None) -> queues.Reader:
     """The queues reader of the app's broker, with the transport's holdings when the app
     runs the layer's Redis transport (kombu's stock one keeps none: they read as None)."""
     holdings = None
