@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from conventions.config import sentinel
 from conventions.errors import ConfigurationError
 
 #: seconds a publish waits on the broker, the result backend or the store before
@@ -94,13 +95,6 @@ def is_redis(url: Any) -> bool:
     return isinstance(url, str) and urlsplit(url).scheme in REDIS_SCHEMES
 
 
-def is_sentinel(url: Any) -> bool:
-    """Is ``url`` (or one of a ``;``-separated list) a Redis Sentinel one?"""
-    return isinstance(url, str) and any(
-        part.strip().startswith(("sentinel://", "sentinels://")) for part in url.split(";")
-    )
-
-
 def names_layer_transport(found: Any) -> bool:
     """``broker_transport`` is the layer's Redis transport: "module:Class" or
     "module.Class", the class, or a subclass of it (by name: config never imports the
@@ -109,29 +103,6 @@ def names_layer_transport(found: Any) -> bool:
         return found in (INBOX_TRANSPORT, INBOX_TRANSPORT.replace(":", "."))
     return isinstance(found, type) and any(
         f"{cls.__module__}:{cls.__qualname__}" == INBOX_TRANSPORT for cls in found.__mro__
-    )
-
-
-#: what a Sentinel broker gives up on kombu's stock transport, and how to get it
-SENTINEL_STOCK = (
-    "kombu's stock Redis transport with broker_transport_options={'master_name': "
-    "'<master>'} runs on Sentinel, without the layer's inbox fetch (a worker killed "
-    "mid-fetch may lose that message) and without its delayed set (workers hold retry "
-    "ETAs unacked, so countdowns must stay below the visibility timeout)"
-)
-
-
-def sentinel_refusal(conf: Mapping[str, Any], *, chosen: bool = True) -> str | None:
-    """Why ``conf``'s Sentinel broker cannot run as it says, or None. ``chosen``: the
-    layer's transport is asked for (``reliable()`` selects it for every Redis broker);
-    else only a ``broker_transport`` naming it counts."""
-    if not is_sentinel(conf.get("broker_url")):
-        return None
-    if not (chosen or names_layer_transport(conf.get("broker_transport"))):
-        return None
-    return (
-        f"broker_url sentinel:// is not supported by the layer's Redis transport yet "
-        f"({INBOX_TRANSPORT} reads one Redis primary); {SENTINEL_STOCK}"
     )
 
 
@@ -284,8 +255,7 @@ def _refuse_sentinel(broker_url: str, transport: Any, allowed: set[str]) -> None
     """A Sentinel broker with the layer's transport (which it cannot run yet) is refused;
     ``allow={'broker_transport'}`` takes kombu's stock one instead, knowingly."""
     chosen = "broker_transport" not in allowed or names_layer_transport(transport)
-    why = sentinel_refusal({"broker_url": broker_url, "broker_transport": transport},
-                           chosen=chosen)  # fmt: skip
+    why = sentinel.refusal(broker_url, layer_transport=chosen, transport=INBOX_TRANSPORT)
     if why is not None:
         raise ConfigurationError(
             f"reliable(): {why}; to take that, pass allow={{'broker_transport'}} and "

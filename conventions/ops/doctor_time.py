@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from conventions.config import profile
+from conventions.config import profile, sentinel
 from conventions.config import settings as settingslib
 from conventions.ops.findings import ERROR, WARNING, Finding
 from conventions.transport.checks import BOUND_FACTOR, MAX_BOUND, MAX_RECOVERY
@@ -228,13 +228,15 @@ def sentinel_findings(conf: Any) -> Iterator[Finding]:
     """A Sentinel broker: an error with the layer's transport (it reads one Redis
     primary, and would not follow a failover), a warning on kombu's stock one (what it
     gives up)."""
-    if not profile.is_sentinel(conf.get("broker_url")):
+    url = conf.get("broker_url")
+    if not sentinel.is_sentinel(url):
         return
-    refusal = profile.sentinel_refusal(conf, chosen=False)
+    ours = profile.names_layer_transport(conf.get("broker_transport"))
+    refusal = sentinel.refusal(url, layer_transport=ours, transport=profile.INBOX_TRANSPORT)
     if refusal is not None:
         yield Finding(ERROR, "sentinel-unsupported", "broker_transport", refusal)
     else:
         yield Finding(
             WARNING, "sentinel-stock-transport", "broker_url",
-            f"sentinel:// runs on {profile.SENTINEL_STOCK}",
+            f"sentinel:// runs on {sentinel.STOCK}",
         )  # fmt: skip
