@@ -16,9 +16,9 @@ SAMPLE_EVERY = 0.25  #: seconds between two queue reads
 
 
 class Observer:
-    """Reads the demo's state; on Redis, samples the queues in the background."""
+    """Reads the demo's state; on Redis or RabbitMQ, samples the queues in the background."""
 
-    def __init__(self, redis: bool, started: float) -> None:
+    def __init__(self, observable: bool, started: float) -> None:
         from tasks import app
 
         self.app, self.started = app, started
@@ -27,7 +27,7 @@ class Observer:
         self.samples = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if redis:
+        if observable:
             self._thread = threading.Thread(target=self._sample, name="queues", daemon=True)
             self._thread.start()
 
@@ -56,13 +56,16 @@ class Observer:
                     peak["oldest_age"] = max(peak["oldest_age"], state.oldest_age or 0.0)
 
     def queue_line(self) -> str:
-        """``; queues: email 3 waiting (oldest 0.4s), heavy empty`` (Redis only)."""
+        """``; queues: email 3 waiting (oldest 0.4s), heavy empty`` (the oldest's age is
+        ``?`` on RabbitMQ, which does not tell it)."""
         if not self.latest:
             return ""
         parts = []
         for name, state in sorted(self.latest.items()):
-            if state.depth:
-                parts.append(f"{name} {state.depth} waiting (oldest {state.oldest_age or 0:.1f}s)")
+            if state.depth and state.oldest_age is None:
+                parts.append(f"{name} {state.depth} waiting (oldest ?)")
+            elif state.depth:
+                parts.append(f"{name} {state.depth} waiting (oldest {state.oldest_age:.1f}s)")
             else:
                 parts.append(f"{name} empty")
         return "; queues: " + ", ".join(parts)

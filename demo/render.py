@@ -17,6 +17,14 @@ EMBEDDED_CANNOT = [
     "several machines: the broker is a folder of this one",
 ]
 
+#: what RabbitMQ cannot tell the queues view and the exporter
+AMQP_CANNOT = [
+    "the oldest waiting job's age: a passive queue.declare gives depth and consumers only "
+    "(`conventions queues` shows ?, the exporter leaves that gauge out)",
+    "the transport's own figures (delayed, in flight, in inboxes, consumers alive): they are "
+    "kept by the layer's Redis transport",
+]
+
 
 #: the exporter's series the summary shows (summed over their labels)
 METRICS = (
@@ -79,11 +87,12 @@ def _report(s: dict[str, Any]) -> str:
 
 def _queues(s: dict[str, Any]) -> str:
     if "queues" not in s:
-        return "needs Redis (see below)"
-    peaks = s["queues"]["peaks"]
+        return "needs Redis or RabbitMQ (see below)"
+    peaks, aged = s["queues"]["peaks"], s.get("broker") != "amqp"
     return (
         " · ".join(
-            f"{name}: peak {int(p['depth'])} waiting, oldest waited {p['oldest_age']:.2f}s"
+            f"{name}: peak {int(p['depth'])} waiting"
+            + (f", oldest waited {p['oldest_age']:.2f}s" if aged else "")
             for name, p in sorted(peaks.items())
         )
         + f"  ({s['queues']['samples']} samples)"
@@ -157,6 +166,18 @@ def next_steps(s: dict[str, Any], env: dict[str, str]) -> list[str]:
             f"  {prefix} \\",
             "    .venv/bin/conventions -A tasks metrics serve   # http://localhost:9808/metrics",
         ]
+    elif s.get("broker") == "amqp":
+        prefix = (
+            f"CELERY_BROKER_URL={env['CELERY_BROKER_URL']} "
+            f"CONVENTIONS_STORE_URL={env['CONVENTIONS_STORE_URL']}"
+        )
+        out = ["RabbitMQ cannot show:"]
+        out += [f"  - {item}" for item in AMQP_CANNOT]
+        out += [
+            "look next (the demo's data stays until the next run):",
+            f"  {prefix} \\",
+            "    .venv/bin/conventions -A tasks metrics serve   # http://localhost:9808/metrics",
+        ]
     else:
         prefix = "CELERY_BROKER_URL=filesystem://"
         out = ["the embedded default cannot show:"]
@@ -171,7 +192,7 @@ def next_steps(s: dict[str, Any], env: dict[str, str]) -> list[str]:
         f"{cli} trace {s['trace']['correlation_id']}",
         f"{cli} status {s['report']['task_id']}",
     ]
-    if s["redis"]:
+    if s["redis"] or s.get("broker") == "amqp":
         out.append(f"{cli} queues --watch")
     out.append("  .demo/summary.json has every number above; .demo/logs/ each process's log")
     return out

@@ -65,9 +65,9 @@ def environment(place: where.Place) -> dict[str, str]:
     }
 
 
-def start(fleet: Fleet, redis: bool) -> dict[str, Any]:
+def start(fleet: Fleet, observable: bool) -> dict[str, Any]:
     """The SMTP sink and the web app first (their ports are free ones they picked), then
-    the relay, the two lanes' workers and, on Redis, the metrics exporter."""
+    the relay, the two lanes' workers and, on Redis or RabbitMQ, the metrics exporter."""
     mail, data = fleet.data / "mail", fleet.data
     sink = ["-m", "demo.smtp_sink", "--dir", str(mail), "--flaky", str(story.FLAKY),
             "--reject-domain", story.BAD_DOMAIN]  # fmt: skip
@@ -81,7 +81,7 @@ def start(fleet: Fleet, redis: bool) -> dict[str, Any]:
     fleet.start("email", EMAIL, {"CONVENTIONS_SHUTDOWN_GRACE": "60"})
     fleet.start("heavy", HEAVY, {"CONVENTIONS_SHUTDOWN_GRACE": "300"})
     ports: dict[str, Any] = {"smtp": smtp}
-    if redis:
+    if observable:
         ports["metrics"] = free_port()
         exporter = ["-m", "conventions", "-A", "tasks", "metrics", "serve",
                     "--addr", "127.0.0.1", "--port", str(ports["metrics"])]  # fmt: skip
@@ -137,11 +137,12 @@ def play(fleet: Fleet, place: where.Place, started: float) -> dict[str, Any]:
     from demo.observe import Observer
 
     story.seed_shop()
-    ports = start(fleet, place.redis)
-    observer = Observer(place.redis, started)
-    facts: dict[str, Any] = {"where": place.where, "redis": place.redis, "ports": ports}
+    ports = start(fleet, place.observable)
+    observer = Observer(place.observable, started)
+    facts: dict[str, Any] = {"where": place.where, "redis": place.redis, "ports": ports,
+                             "broker": place.broker}  # fmt: skip
     try:
-        exporter = ", metrics exporter" if place.redis else ""
+        exporter = ", metrics exporter" if place.observable else ""
         observer.say(f"started: smtp sink :{ports['smtp']} (451 to its first {story.FLAKY} "
                      f"mails), web app :{ports['web']}, outbox relay, email worker (-c 4), "
                      f"heavy worker (-c 1){exporter}")  # fmt: skip
@@ -150,9 +151,9 @@ def play(fleet: Fleet, place: where.Place, started: float) -> dict[str, Any]:
                 "-s", str(fleet.data / "celerybeat-schedule")]  # fmt: skip
         fleet.start("beat", beat)
         story.follow_report(fleet, observer, facts)
-        if place.redis:
+        if place.observable:
             facts["metrics"] = scrape(ports["metrics"])
-        return summary.collect(fleet, observer, facts, place.redis)
+        return summary.collect(fleet, observer, facts, place.observable)
     finally:
         observer.close()
 

@@ -128,7 +128,9 @@ def _log_lines(data: Path, correlation_id: str) -> dict[str, int]:
     return found
 
 
-def collect(fleet: Fleet, observer: Observer, facts: dict[str, Any], redis: bool) -> dict[str, Any]:
+def collect(
+    fleet: Fleet, observer: Observer, facts: dict[str, Any], observable: bool
+) -> dict[str, Any]:
     """The summary: facts of the scenario, then what the store, shop and sink say."""
     from tasks import app
 
@@ -168,7 +170,7 @@ def collect(fleet: Fleet, observer: Observer, facts: dict[str, Any], redis: bool
     out["duplicates"]["absorbed"] = (
         out["duplicates"]["absorbed_at_publish"] + out["duplicates"]["absorbed_by_ledger"]
     )
-    if redis:
+    if observable:
         out["queues"] = {"peaks": observer.peaks, "samples": observer.samples}
     out["checks"] = checks(out)
     return out

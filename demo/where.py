@@ -1,9 +1,10 @@
 """Where the demo runs: the broker and store it picks, as environment for every process.
 
-``REDIS_URL``/``CELERY_BROKER_URL`` when set; else a Redis on localhost:6379 when one
-answers (databases ``DEMO_REDIS_DBS``, default ``3,4``: the broker and results, then the
-layer's store, both emptied first); else the embedded default (Celery's filesystem
-transport and SQLite under ``.demo/``). ``--embedded`` skips the Redis look.
+``REDIS_URL``/``CELERY_BROKER_URL`` when set (RabbitMQ too: ``CELERY_BROKER_URL=amqp://...``);
+else a Redis on localhost:6379 when one answers (databases ``DEMO_REDIS_DBS``, default
+``3,4``: the broker and results, then the layer's store, both emptied first); else the
+embedded default (Celery's filesystem transport and SQLite under ``.demo/``).
+``--embedded`` skips the Redis look.
 """
 
 from __future__ import annotations
@@ -30,9 +31,17 @@ class Place:
     env: dict[str, str]
     #: True when the broker is Redis (queue ages, metrics and Flower work)
     redis: bool
+    #: ``redis``, ``amqp`` (RabbitMQ) or ``embedded``
+    broker: str = "redis"
     #: what the demo changed about the doctor's levels, said in words ("" for nothing)
     lowered: str = ""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def observable(self) -> bool:
+        """The queues can be read (Redis lists, or RabbitMQ's passive declare): the
+        queues view, the exporter and the queue samples run."""
+        return self.broker in ("redis", "amqp")
 
 
 def redis_dbs(text: str | None) -> tuple[int, int]:
@@ -74,7 +83,13 @@ def choose(embedded: bool = False) -> Place:
     if given:
         env["CONVENTIONS_STORE_URL"] = os.environ.get("CONVENTIONS_STORE_URL", sqlite_store)
         redis = given.startswith(("redis://", "rediss://"))
-        place = Place(f"the broker you configured ({given.split('@')[-1]})", env, redis)
+        amqp = given.startswith(("amqp://", "amqps://", "pyamqp://"))
+        kind = "RabbitMQ, " if amqp else ""
+        where = f"the broker you configured ({kind}{given.split('@')[-1]})"
+        broker = "redis" if redis else "amqp" if amqp else "embedded"
+        if amqp:
+            env["CELERY_BROKER_URL"] = given
+        place = Place(where, env, redis, broker)
         return _lower_persistence_check(place) if redis else place
     dbs = redis_dbs(os.environ.get("DEMO_REDIS_DBS"))
     if not embedded and _local_redis(dbs):
@@ -85,7 +100,7 @@ def choose(embedded: bool = False) -> Place:
     env["CELERY_BROKER_URL"] = "filesystem://"
     env["CONVENTIONS_STORE_URL"] = sqlite_store
     where = "the embedded default: Celery's filesystem transport + SQLite in .demo/"
-    return Place(where, env, False)
+    return Place(where, env, False, "embedded")
 
 
 def _lower_persistence_check(place: Place) -> Place:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Make sure Redis and PostgreSQL answer on loopback before the tests: start them when
+# Make sure Redis, PostgreSQL and RabbitMQ answer on loopback before the tests: start them when
 # they are installed and not running, say clearly what is missing otherwise.
 set -u
 missing=0
 
 redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; }
 pg_up() { pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; }
+# the AMQP port answers (the RabbitMQ tests talk AMQP 0-9-1 to it, guest/guest)
+rabbit_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) >/dev/null 2>&1; }
 
 if ! redis_up; then
   if command -v redis-server >/dev/null; then
@@ -27,8 +29,20 @@ if ! pg_up; then
   pg_up || { echo "services: PostgreSQL is not reachable on 127.0.0.1:5432 and no local cluster could be started (apt-get install postgresql)"; missing=1; }
 fi
 
+if ! rabbit_up; then
+  if [ -x /etc/init.d/rabbitmq-server ]; then
+    echo "services: starting RabbitMQ"
+    /etc/init.d/rabbitmq-server start >/dev/null 2>&1 || true
+  elif command -v rabbitmq-server >/dev/null; then
+    echo "services: starting RabbitMQ"
+    rabbitmq-server -detached >/dev/null 2>&1 || true
+  fi
+  for _ in $(seq 1 150); do rabbit_up && break; sleep 0.2; done
+  rabbit_up || { echo "services: RabbitMQ is not reachable on 127.0.0.1:5672 and could not be started (apt-get install rabbitmq-server)"; missing=1; }
+fi
+
 if [ "$missing" = 1 ]; then
   echo "services: the integration tests need the services above" >&2
   exit 1
 fi
-echo "services: Redis and PostgreSQL answer"
+echo "services: Redis, PostgreSQL and RabbitMQ answer"

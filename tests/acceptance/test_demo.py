@@ -49,12 +49,14 @@ def demo_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in SUITE_ONLY}
 
 
-def run_demo(*args: str) -> tuple[str, dict[str, Any]]:
+def run_demo(*args: str, **env: str) -> tuple[str, dict[str, Any]]:
     """Run the demo to its end; on a timeout, SIGTERM it first so that it stops what it
-    started (a SIGKILL would leave its processes behind)."""
+    started (a SIGKILL would leave its processes behind). ``env``: variables the demo
+    gets beside the environment (a broker of the test's choice)."""
     with subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "demo.py"), *args],
-        cwd=ROOT, env=demo_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT, env={**demo_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
     ) as demo:  # fmt: skip
         try:
             said = demo.communicate(timeout=200)[0]
@@ -174,6 +176,49 @@ def test_the_demo_on_redis_shows_queue_ages_and_metrics_and_its_numbers_are_true
     assert "oldest waited" in said
     assert summary["metrics"]["totals"]["jobs_retried_total"] == FLAKY
     assert "celery -A tasks flower" in said and "/metrics" in said
+    assert_numbers_are_true(summary)
+
+
+#: the RabbitMQ the tests run against (guest/guest on this machine and in CI)
+AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _delete_demo_queues(url: str) -> None:
+    """The demo's queues on RabbitMQ, gone before its run (as its Redis databases are
+    emptied): a run starts from nothing, whatever an earlier run or version declared."""
+    from kombu import Connection
+
+    from tasks import app
+
+    names = {q.name for q in app.conf.task_queues}
+    names |= {arg for q in app.conf.task_queues for arg in _dead_letter_queues(q)}
+    with Connection(url, connect_timeout=5) as connection:
+        try:
+            connection.ensure_connection(max_retries=1)
+        except Exception as exc:
+            unavailable("RabbitMQ", exc)
+        channel = connection.channel()
+        for name in sorted(names):
+            channel.queue_delete(name)
+
+
+def _dead_letter_queues(queue: Any) -> list[str]:
+    """The queue a workload queue dead-letters into, when its arguments name one."""
+    arguments = queue.queue_arguments or {}
+    named = arguments.get("x-dead-letter-routing-key")
+    return [named] if isinstance(named, str) else []
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_on_rabbitmq_says_so_and_its_numbers_are_true() -> None:
+    _delete_demo_queues(AMQP_URL)
+    said, summary = run_demo(CELERY_BROKER_URL=AMQP_URL)
+    assert "ran on the broker you configured (RabbitMQ, " in said
+    assert "RabbitMQ cannot show:" in said and "the embedded default" not in said
+    assert summary["broker"] == "amqp" and summary["redis"] is False
+    peaks = summary["queues"]["peaks"]  # depth from a passive declare; ages unknown
+    assert {"email", "heavy"} <= set(peaks) and summary["queues"]["samples"] >= 1
+    assert summary["metrics"]["totals"]["jobs_retried_total"] == FLAKY
     assert_numbers_are_true(summary)
 
 
