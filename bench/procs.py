@@ -20,7 +20,15 @@ LOG_DIR = Path(tempfile.gettempdir()) / "cc-bench"
 class Worker:
     """One worker subprocess in its own session (so that its children stop with it)."""
 
-    def __init__(self, name: str, argv: Sequence[str], ready: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        ready: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``env``: the subprocess's environment (the benchmark's, :func:`common.env`,
+        when None)."""
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.log = LOG_DIR / f"{name}.log"
@@ -31,7 +39,7 @@ class Worker:
         self.proc = subprocess.Popen(
             list(argv),
             cwd=common.ROOT,
-            env=common.env(),
+            env=common.env() if env is None else env,
             stdout=self._out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
