@@ -111,8 +111,9 @@ globals().update(
 )
 
 # -- routing (the profile refuses a route to an undeclared queue) ---------------------------
+# task_queues is left to the App: one durable queue per workload queue (email, heavy; the
+# default queue is email), quorum queues with a delivery limit on RabbitMQ
 task_default_queue = "email"
-task_queues = routing.queues_for(WORKLOADS)
 task_routes = (routing.WorkloadRouter(WORKLOADS),)
 
 # -- the layer -----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """``python -m bench [SECTION ...] [--quick]``: the benchmarks against raw Celery and peers.
 
 Sections (all by default, in this order): ``publish``, ``drain``, ``options``,
-``latency``, ``transport``, ``idle``, ``peers``, ``growth``, ``store``, ``profile``. Every
+``latency``, ``transport``, ``idle``, ``peers``, ``growth``, ``store``, ``profile``,
+``rabbitmq`` (the layer against raw Celery on RabbitMQ: ``BENCH_AMQP_URL``). Every
 comparison is interleaved (A B A B ..., at least 5 rounds) and reported as the median of
 its per-round ratios: the machines are shared and noisy, absolute times are not.
 ``--quick`` shrinks every size (a few minutes); the full run takes about 15. The results
@@ -28,6 +29,7 @@ SECTIONS = (
     "growth",
     "store",
     "profile",
+    "rabbitmq",
 )
 
 
@@ -91,7 +93,17 @@ def main(argv: list[str]) -> int:
     common.use_bench_env()
     import redis
 
-    from bench import drain, growth, growth_store, idle, latency, peers, profile, publish
+    from bench import (
+        drain,
+        growth,
+        growth_store,
+        idle,
+        latency,
+        peers,
+        profile,
+        publish,
+        rabbitmq,
+    )
     from bench import transport as transport_section
     from bench.report import Report
 
@@ -116,6 +128,9 @@ def main(argv: list[str]) -> int:
             report, client, size=sizes.backlog, n=sizes.growth, rounds=rounds
         ),
         "profile": lambda: report.profile.extend(profile.section(client, sizes.profile)),
+        "rabbitmq": lambda: rabbitmq.section(
+            report, client, publish_n=sizes.publish, drain_n=sizes.drain // 2, rounds=rounds
+        ),
     }
     for name in args.sections:
         start = time.monotonic()

@@ -59,7 +59,6 @@ def make(variant: str) -> App:
         conventions_workloads=workloads,
         conventions_workload_time_limits={"bench": 60.0},
         conventions_retention_enabled=False,
-        task_queues=routing.queues_for(workloads),
         task_routes=(routing.WorkloadRouter(workloads),),
         task_default_queue=queue(variant),
         **VARIANTS[variant],

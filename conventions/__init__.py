@@ -18,6 +18,7 @@ from conventions.errors import (
     SkipJob,
     TransientError,
     UncertainOutcomeError,
+    Unroutable,
 )
 from conventions.jobs.backoff import Backoff
 from conventions.jobs.contract import Contract
@@ -43,6 +44,7 @@ __all__ = [
     "SkipJob",
     "TransientError",
     "UncertainOutcomeError",
+    "Unroutable",
     "bind",
     "sensitive",
 ]

@@ -29,6 +29,7 @@ from conventions.observability import runs
 from conventions.store import Store, open_store
 from conventions.task import ConventionTask, template_fields
 from conventions.tracing.headers import READY
+from conventions.transport import amqp_queues
 from conventions.worker import job_context as joblib
 from conventions.worker.wiring import Wiring
 
@@ -317,7 +318,11 @@ class App(Celery):  # type: ignore[misc]
         mapping = routing.workloads(conf)
         if conf.get("task_queues") is None:
             default = conf.get("task_default_queue") or "celery"
-            conf.task_queues = routing.queues_for({**mapping, "": default})
+            names = {**mapping, "": default}
+            quorum = settings.quorum_queues(conf)  # RabbitMQ, through the reliable profile
+            conf.task_queues = (
+                amqp_queues.workload_queues(conf, names) if quorum else routing.queues_for(names)
+            )
         if not conf.get("task_routes"):
             conf.task_routes = (routing.WorkloadRouter(mapping),)
 
@@ -355,7 +360,7 @@ class App(Celery):  # type: ignore[misc]
         this app registers: that is refused (:func:`refuse_unknown_version`).
         """
         if options.pop(READY, False):
-            return super().send_task(name, args, kwargs, **options)
+            return self._send(name, args, kwargs, options)
         registered = self.tasks if self.finalized else self._tasks
         task = registered.get(name)
         if isinstance(task, ConventionTask):
@@ -363,4 +368,32 @@ class App(Celery):  # type: ignore[misc]
             return task.apply_async(args, kwargs, **options)
         if task is None:
             refuse_unknown_version(name, registered)
-        return super().send_task(name, args, kwargs, **options)
+        return self._send(name, args, kwargs, options)
+
+    def _send(self, name: str, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:
+        """Celery's publish. On RabbitMQ's quorum queues, with the topology declared once
+        (``amqp_queues.ensure``); with publisher confirms, ``mandatory`` and a bounded
+        confirm wait, a message the broker routes nowhere raised as
+        :class:`~conventions.errors.Unroutable` (without confirms a ``basic.return``
+        would surface in a later, unrelated call: ``mandatory`` is left off then)."""
+        conf = self.conf
+        if not settings.is_amqp(conf):
+            return super().send_task(name, args, kwargs, **options)
+        if settings.quorum_queues(conf):
+            amqp_queues.ensure(self)
+            amqp_queues.whole_second_delay(options)
+        if not amqp_queues.confirms(conf):
+            return super().send_task(name, args, kwargs, **options)
+        for option, value in (
+            ("mandatory", True),  # Celery passes None: RabbitMQ would drop an unroutable
+            ("confirm_timeout", self.conventions_settings.publish_timeout),
+        ):
+            if options.get(option) is None:
+                options[option] = value
+        try:
+            return super().send_task(name, args, kwargs, **options)
+        except Exception as exc:
+            unroutable = amqp_queues.unroutable(exc, name)
+            if unroutable is None:
+                raise
+            raise unroutable from exc

@@ -22,7 +22,8 @@ The tree (``tree()`` renders the live hierarchy in this format, and a test compa
         +-- PayloadError
         |   `-- KeyConflict
         +-- QueueOverCapacity
-        `-- BackendUnavailable
+        +-- BackendUnavailable
+        `-- Unroutable
 
 The first line of each class's docstring is its default message (``raise SkipJob()``
 reads well in logs without a message). Every constructor takes the message first and
@@ -245,6 +246,25 @@ class BackendUnavailable(LayerError):
         super().__init__(message)
 
 
+class Unroutable(LayerError):
+    """The broker routed the message to no queue: nothing was published.
+
+    On RabbitMQ the layer publishes with ``mandatory`` and publisher confirms, so a
+    message that no queue is bound to take (a queue deleted, an exchange without the
+    binding, an exchange that does not exist) comes back to ``.delay()`` as this error
+    instead of being dropped by the broker. Not a broker outage (``BackendUnavailable``):
+    trying again will not help until the queue is declared (start a worker for it, or
+    declare ``task_queues``). ``exchange`` and ``routing_key`` say where it was sent.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, exchange: str = "", routing_key: str = ""
+    ) -> None:
+        self.exchange: str = exchange
+        self.routing_key: str = routing_key
+        super().__init__(message)
+
+
 # -- helpers -----------------------------------------------------------------------------
 
 
@@ -307,5 +327,6 @@ __all__ = [
     "SkipJob",
     "TransientError",
     "UncertainOutcomeError",
+    "Unroutable",
     "tree",
 ]

@@ -135,7 +135,7 @@ def push_poison(facts: dict[str, Any]) -> None:
 
     from tasks import app
 
-    queue = next(q for q in app.conf.task_queues if q.name == "email")
+    queue = app.amqp.queues["email"]
     with app.connection_for_write() as connection:
         Producer(connection).publish(
             POISON,

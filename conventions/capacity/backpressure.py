@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery.result import AsyncResult
 
+from conventions.config import sentinel
 from conventions.config.capacity import Bound
 from conventions.errors import ConfigurationError, QueueOverCapacity
 from conventions.jobs import routing
@@ -106,15 +107,16 @@ class Gauge:
 
     def _client(self, app: Any) -> redis.Redis:
         url = str(app.conf.broker_url or "")
-        if not url.startswith(("redis://", "rediss://", "unix://")):
+        if not url.startswith(("redis://", "rediss://", "unix://", *sentinel.SCHEMES)):
             raise ConfigurationError(
                 "conventions_backpressure reads queue lists on a Redis broker or RabbitMQ "
                 f"(amqp://); broker_url {url.split('://', maxsplit=1)[0]}:// is not supported"
             )
         with self._lock:
             client = self._clients.get(url)
-            if client is None:
-                client = redis.Redis.from_url(url)
+            if client is None:  # on Sentinel, the group's current primary
+                options = app.conf.get("broker_transport_options") or {}
+                client = sentinel.broker_client(url, options)
                 self._clients[url] = client
         return client
 

@@ -115,7 +115,11 @@ def _forget_connections(app: Any, *, store: bool) -> None:
             reset()
     local = getattr(app, "_local", None)
     if local is not None:
-        local.__dict__.pop("backend", None)
+        backend = local.__dict__.pop("backend", None)
+        client = getattr(backend, "__dict__", {}).get("client")  # made, not made here
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()  # its sockets closed now, not left to the garbage collector
 
 
 # -- what an unreachable backend looks like -------------------------------------------------

@@ -5,6 +5,7 @@ conventions dlq show ID [--json]
 conventions dlq replay ID... --reason TEXT [--force] [--actor NAME] [--json]
 conventions dlq replay --all --task T --reason TEXT [--force] [--actor NAME] [--json]
 conventions dlq purge --older-than DURATION
+conventions dlq poison [--json]
 conventions trace CORRELATION_ID [--json]
 conventions retention [--dead-letters 30d] [--audit 14d]
 """
@@ -177,6 +178,28 @@ def purge(app: App, older_than: timedelta) -> int:
     return 0
 
 
+@command("poison")
+@json_option
+def poison(app: App, as_json: bool) -> int:
+    """Record RabbitMQ's poison queue now (every worker also reads it)."""
+    from conventions.config import settings
+    from conventions.worker import poison_queue
+
+    if not settings.quorum_queues(app.conf):
+        raise Failure(
+            "the app's queues are not RabbitMQ quorum queues (reliable() on an amqp:// "
+            "broker): there is no poison queue to read",
+            USAGE,
+        )
+    acked, left = poison_queue.drain(app, worker="cli")
+    name = settings.poison_queue(app.conf)
+    if as_json:
+        print_json({"queue": name, "acked": acked, "left": left})
+    else:
+        print(f"{name}: {acked} acked (recorded as poison dead letters), {left} left")
+    return REFUSED if left else 0
+
+
 @command("trace")
 @click.argument("correlation_id", metavar="CORRELATION_ID")
 @json_option
@@ -226,7 +249,7 @@ def retention(app: App, dead_letters: timedelta, audit: timedelta, runs: timedel
     return 0
 
 
-for _command in (list_, show, replay, purge):
+for _command in (list_, show, replay, purge, poison):
     dlq.add_command(_command)
 #: the commands this module adds to ``conventions``
 COMMANDS = (dlq, trace, retention)

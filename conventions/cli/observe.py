@@ -27,6 +27,7 @@ import redis
 
 from conventions.cli import backends
 from conventions.cli.base import REFUSED, Failure, Group, command, options_of
+from conventions.config import sentinel
 from conventions.observability import queues
 from conventions.ops import exporter as metrics
 from conventions.ops import pauses, transport_view
@@ -78,7 +79,13 @@ metrics_group.add_command(metrics_command)
 def _broker_client(app: Any, timeout: float) -> redis.Redis | None:
     """A client of the broker's Redis with the command's timeouts (None: not Redis, and
     ``queues.from_app`` says so)."""
-    url = str(app.conf.broker_url or "").split(";")[0]
+    given = str(app.conf.broker_url or "")
+    url = given.split(";", maxsplit=1)[0]
+    if sentinel.is_sentinel(given):  # the group's current primary, with the same timeouts
+        options = app.conf.broker_transport_options or {}
+        return sentinel.broker_client(
+            given, options, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
     if not url.startswith(("redis://", "rediss://", "unix://")):
         return None
     return redis.Redis.from_url(backends.with_timeouts(url, timeout))

@@ -8,7 +8,9 @@
 
 * **promises** (:func:`promises`): late acks, reject on worker lost, prefetch 1, JSON
   only, the layer's Redis transport, result writes retried, the dead-lettering consumer,
-  no queue created by a typo, a publish bounded in time. Jobs are safe only while
+  no queue created by a typo, a publish bounded in time; on RabbitMQ, quorum queues
+  (delivery limit, dead-lettering to the layer's poison queue, delays kept by the
+  broker) and publisher confirms (``docs/howto/rabbitmq.md``). Jobs are safe only while
   these hold, so an override that breaks one is refused (``allow=`` takes the risk on
   purpose, by name);
 * **defaults**: events, soft shutdown, time limits, result expiry, timeouts. Override
@@ -54,7 +56,10 @@ INBOX_TRANSPORT = "conventions.transport.redis:Transport"
 CONSUMER = "conventions.worker.consumer:Consumer"
 #: the result backend class a ``redis://`` result URL goes through
 RESULT_BACKEND = "conventions.transport.results:RedisBackend"
+#: ... and a ``sentinel://`` one (Celery's Sentinel backend, the layer's writes riding)
+SENTINEL_RESULT_BACKEND = "conventions.transport.results:SentinelBackend"
 REDIS_SCHEMES = ("redis", "rediss")
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 JSON = ["json"]
 
 
@@ -92,7 +97,15 @@ class Promise:
 
 
 def is_redis(url: Any) -> bool:
-    return isinstance(url, str) and urlsplit(url).scheme in REDIS_SCHEMES
+    """A Redis URL: ``redis://``, ``rediss://``, or a Sentinel group's (``sentinel://``)."""
+    return isinstance(url, str) and (
+        urlsplit(url).scheme in REDIS_SCHEMES or sentinel.is_sentinel(url)
+    )
+
+
+def is_amqp(url: Any) -> bool:
+    """RabbitMQ through py-amqp (``amqp://``, ``amqps://``, ``pyamqp://``)."""
+    return isinstance(url, str) and urlsplit(url.split(";")[0]).scheme in AMQP_SCHEMES
 
 
 def names_layer_transport(found: Any) -> bool:
@@ -150,6 +163,8 @@ def promises(conf: Any) -> list[Promise]:
         found.append(Promise(key, JSON, "profile-deviation", "JSON only, never pickle"))
     if is_redis(conf.get("broker_url")):
         found += _redis_broker_promises(conf, timeout)
+    if is_amqp(conf.get("broker_url")):
+        found += _amqp_broker_promises()
     if conf.get("result_backend"):
         found.append(Promise(
             "result_backend_always_retry", True, "result-write-not-retried",
@@ -187,6 +202,18 @@ def _redis_broker_promises(conf: Any, timeout: float) -> list[Promise]:
         Promise("broker_transport_options", timeout, "publish-unbounded",
                 "a connect to a broker that does not answer waits this long, not forever",
                 option="socket_connect_timeout", accepts=_bounded),
+    ]  # fmt: skip
+
+
+def _amqp_broker_promises() -> list[Promise]:
+    return [
+        Promise("broker_transport_options", True, "publish-unconfirmed",
+                "a publish returns once RabbitMQ has the message (publisher confirms): "
+                "without them a message lost on the way, or routed nowhere, is never "
+                "known to the caller", option="confirm_publish"),
+        Promise("worker_detect_quorum_queues", True, "quorum-global-qos",
+                "Celery turns global QoS off on quorum queues (which do not support it) "
+                "and sets up native delayed delivery only when it detects them"),
     ]  # fmt: skip
 
 
@@ -228,11 +255,18 @@ def reliable(
     the profile by its name (a ``broker_transport_options`` mapping is merged into the
     profile's); a setting that breaks a promise, or that the profile does not have, is
     a ``ConfigurationError`` unless its name is in ``allow``. A ``sentinel://`` broker
-    is refused (the layer's transport does not support Sentinel yet) unless
-    ``allow={'broker_transport'}`` takes kombu's stock transport instead.
+    (``sentinel://h:p;sentinel://h:p``) needs ``broker_transport_options={'master_name':
+    ...}``: the layer's transport follows the group's primary, and so does the result
+    backend when it is that group. An ``amqp://``
+    broker gets quorum queues (``conventions_quorum_queues``) and publisher confirms.
     """
     allowed = set(allow)
-    _refuse_sentinel(broker_url, overrides.get("broker_transport"), allowed)
+    options = overrides.get("broker_transport_options") or {}
+    if sentinel.is_sentinel(broker_url) and not options.get("master_name"):
+        raise ConfigurationError(
+            "reliable(): a sentinel:// broker needs broker_transport_options="
+            "{'master_name': ...}: the name of the group whose primary it follows"
+        )
     conf = _base(broker_url, store_url, result_backend, float(publish_timeout),
                  recovery=float(recovery_timeout), visibility=visibility_timeout)  # fmt: skip
     for key, value in overrides.items():
@@ -247,20 +281,14 @@ def reliable(
                 f"reliable(): {promise.name}={found!r} breaks a promise ({promise.why}); "
                 f"keep {promise.value!r}, or pass allow={{{promise.key!r}}} to take the risk"
             )
+    if sentinel.is_sentinel(_result_url(conf.get("result_backend"))):
+        # Celery's Sentinel result backend finds the group by its transport options
+        conf["result_backend_transport_options"] = {
+            **conf.get("result_backend_transport_options", {}),
+            "master_name": conf["broker_transport_options"].get("master_name"),
+        }
     _check_time_limits(conf, allowed)
     return conf
-
-
-def _refuse_sentinel(broker_url: str, transport: Any, allowed: set[str]) -> None:
-    """A Sentinel broker with the layer's transport (which it cannot run yet) is refused;
-    ``allow={'broker_transport'}`` takes kombu's stock one instead, knowingly."""
-    chosen = "broker_transport" not in allowed or names_layer_transport(transport)
-    why = sentinel.refusal(broker_url, layer_transport=chosen, transport=INBOX_TRANSPORT)
-    if why is not None:
-        raise ConfigurationError(
-            f"reliable(): {why}; to take that, pass allow={{'broker_transport'}} and "
-            "broker_transport_options={'master_name': ...}"
-        )
 
 
 def _base(
@@ -304,9 +332,18 @@ def _base(
         }
         if visibility is not None:  # the recovery clock of a transport that does not renew
             conf["broker_transport_options"]["visibility_timeout"] = float(visibility)
+    if is_amqp(broker_url):
+        # publisher confirms: a publish waits for RabbitMQ's ack (the app adds mandatory)
+        conf["broker_transport_options"] = {"confirm_publish": True}
+        # the workload queues are quorum queues (the App builds them): a delivery limit,
+        # dead letters to the layer's poison queue, delays kept by RabbitMQ. A default,
+        # not a promise: False keeps classic queues while migrating (the doctor's
+        # ``classic-queue`` says so for each)
+        conf["conventions_quorum_queues"] = True
     results = result_backend or (broker_url if is_redis(broker_url) else None)
     if results:
-        conf["result_backend"] = f"{RESULT_BACKEND}+{results}" if is_redis(results) else results
+        backend = SENTINEL_RESULT_BACKEND if sentinel.is_sentinel(results) else RESULT_BACKEND
+        conf["result_backend"] = f"{backend}+{results}" if is_redis(results) else results
     if is_redis(results):
         conf["redis_socket_connect_timeout"] = timeout
     # every promise's own value: promises() is the one list, which the doctor reads too

@@ -59,6 +59,13 @@ DEFAULT_MAX_COUNTDOWN = 900.0
 #: longest countdown through the layer's Redis transport, whose messages not yet due wait
 #: in a delayed set inside Redis, never in a worker (seconds: a year)
 DELAYED_SET_MAX_COUNTDOWN = 366 * 86400.0
+#: the quorum queues' delivery limit above the layer's own poison detection: the layer
+#: quarantines a job at its ``max_deliveries + 1``-th claim; the broker's limit, this
+#: many deliveries later, catches what never reaches a claim (a worker that dies decoding)
+DELIVERY_LIMIT_MARGIN = 2
+#: the layer-owned exchange and quorum queue every workload queue dead-letters to on
+#: RabbitMQ (``conventions_poison_queue``): read by the poison-queue consumer
+POISON_QUEUE = "conventions.poison"
 #: what replaces a password where settings are shown (Celery's own mask)
 MASK = "********"
 #: a query parameter or ``key=value`` pair that carries a secret (``?password=``,
@@ -113,16 +120,70 @@ def _broker_url(conf: Any) -> str:
     return url if isinstance(url, str) else ""
 
 
+def is_amqp(conf: Any) -> bool:
+    """Whether the broker is RabbitMQ (``amqp://``, ``amqps://``, ``pyamqp://``)."""
+    return profile.is_amqp(conf.get("broker_url"))
+
+
+def quorum_queues(conf: Any) -> bool:
+    """Whether the app's workload queues are RabbitMQ quorum queues: its declared
+    ``task_queues`` when set (every one quorum), else ``conventions_quorum_queues``
+    (which the reliable profile sets on amqp, and from which ``App`` builds them)."""
+    if not is_amqp(conf):
+        return False
+    declared = conf.get("task_queues")
+    if declared:
+        return all(
+            (getattr(queue, "queue_arguments", None) or {}).get("x-queue-type") == "quorum"
+            for queue in declared
+        )
+    return bool(conf.get("conventions_quorum_queues"))
+
+
+def native_delays(conf: Any) -> bool:
+    """Whether RabbitMQ keeps the delays (Celery's native delayed delivery): quorum queues
+    on exchanges that are not direct (Celery routes a countdown through the topic
+    exchanges ``celery_delayed_*`` only then)."""
+    if not quorum_queues(conf):
+        return False
+    declared = conf.get("task_queues")
+    if declared:
+        return all(
+            getattr(getattr(queue, "exchange", None), "type", "direct") != "direct"
+            for queue in declared
+        )
+    return True
+
+
+def delivery_limit(conf: Any) -> int:
+    """The quorum queues' ``x-delivery-limit``: ``conventions_delivery_limit``, else the
+    layer's ``max_deliveries`` plus :data:`DELIVERY_LIMIT_MARGIN`."""
+    explicit = conf.get("conventions_delivery_limit")
+    if explicit:
+        return int(explicit)
+    claims = int(conf.get("conventions_max_deliveries") or DEFAULT_MAX_DELIVERIES)
+    return claims + DELIVERY_LIMIT_MARGIN
+
+
+def poison_queue(conf: Any) -> str:
+    """The name of the layer's poison exchange and queue on RabbitMQ."""
+    return str(conf.get("conventions_poison_queue") or POISON_QUEUE)
+
+
 def delayed_delivery(conf: Any) -> bool:
-    """Whether the broker keeps messages not yet due itself (the layer's Redis transport:
-    delayed sets), so that no worker holds one and any countdown is safe."""
+    """Whether the broker keeps messages not yet due itself, so that no worker holds one
+    and any countdown is safe: the layer's Redis transport (delayed sets), or RabbitMQ's
+    quorum queues on topic exchanges (Celery's native delayed delivery,
+    :func:`native_delays`)."""
     ours = profile.names_layer_transport(conf.get("broker_transport"))
-    return ours and _broker_url(conf).startswith(("redis://", "rediss://"))
+    redis = ours and _broker_url(conf).startswith(("redis://", "rediss://"))
+    return redis or native_delays(conf)
 
 
 def max_countdown(conf: Any) -> float:
-    """The longest safe countdown: a year through the layer's Redis transport (delayed
-    sets); on kombu's own Redis transport, below the visibility timeout with a margin.
+    """The longest safe countdown: a year where the broker keeps the delays (the layer's
+    Redis transport, RabbitMQ's native delayed delivery: 2**28 - 1 s at most); on kombu's
+    own Redis transport, below the visibility timeout with a margin.
 
     kombu's Redis transport redelivers a message that stays unacked longer than the
     visibility timeout, and a worker keeps an ETA message unacked until it is due

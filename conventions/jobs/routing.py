@@ -9,7 +9,7 @@ is deprecated in Celery 5.7, and a queue named in code is a queue nobody may con
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kombu import Exchange, Queue
@@ -24,10 +24,26 @@ def workloads(conf: Any) -> Mapping[str, str]:
     return value or DEFAULT_WORKLOADS
 
 
-def queues_for(mapping: Mapping[str, str]) -> tuple[Queue, ...]:
-    """Durable direct queues, one per distinct queue name, in a stable order."""
+def queues_for(
+    mapping: Mapping[str, str],
+    *,
+    exchange_type: str = "direct",
+    arguments: Callable[[str], dict[str, Any]] | None = None,
+) -> tuple[Queue, ...]:
+    """Durable queues, one per distinct queue name, in a stable order, each bound to an
+    exchange of its own name with its name as routing key: direct by default; on
+    RabbitMQ's quorum queues, topic exchanges and ``arguments(name)`` as the queue
+    arguments (``conventions.transport.amqp_queues``, the one place they are built)."""
     names = sorted(set(mapping.values()))
-    return tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in names)
+    return tuple(
+        Queue(
+            name,
+            Exchange(name, type=exchange_type),
+            routing_key=name,
+            queue_arguments=arguments(name) if arguments is not None else None,
+        )
+        for name in names
+    )
 
 
 class WorkloadRouter:

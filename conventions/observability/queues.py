@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import redis
 from kombu import Connection
 
+from conventions.config import sentinel
 from conventions.jobs import routing
 from conventions.tracing import headers as hdr
 
@@ -331,7 +332,9 @@ def _decode(raw: Any) -> str | None:
 
 
 def queue_names(app: Any) -> list[str]:
-    """Every queue the app declares (``task_queues``), else its workloads' queues."""
+    """Every queue the app declares (``task_queues``, which a layer ``App`` builds from its
+    workloads when ``app.amqp`` is first read), else its workloads' queues."""
+    getattr(app, "amqp", None)  # a layer App declares its workloads' queues on first read
     declared = app.conf.task_queues or routing.queues_for(routing.workloads(app.conf))
     return sorted({q.name for q in declared})
 
@@ -341,23 +344,27 @@ def from_app(
 ) -> Reader:
     """A reader for the app's broker and queues (Redis, or RabbitMQ through AMQP);
     ``holdings`` reads what the Redis transport holds beside the lists."""
-    url = str(app.conf.broker_url or "").split(";")[0]
+    given = str(app.conf.broker_url or "")
+    url = given.split(";", maxsplit=1)[0]
     if is_amqp(url):
         timeout = float(app.conf.get("broker_connection_timeout") or 5.0)
         return AmqpQueues(url, queue_names(app), timeout=timeout)
-    if not url.startswith(("redis://", "rediss://", "unix://")):
+    if not url.startswith(("redis://", "rediss://", "unix://", *sentinel.SCHEMES)):
         raise ValueError(
-            f"queue state is read from a Redis broker (redis://, rediss://, unix://) or "
-            f"RabbitMQ (amqp://), not {url.split(':', 1)[0]!r}"
+            f"queue state is read from a Redis broker (redis://, rediss://, unix://, "
+            f"sentinel://) or RabbitMQ (amqp://), not {url.split(':', 1)[0]!r}"
         )
     options = app.conf.broker_transport_options or {}
+    owned = client is None
+    if client is None:  # on Sentinel, the group's current primary
+        client = sentinel.broker_client(given if sentinel.is_sentinel(given) else url, options)
     return BrokerQueues(
-        client or redis.Redis.from_url(url),
+        client,
         queue_names(app),
         priority_steps=options.get("priority_steps", PRIORITY_STEPS),
         sep=options.get("sep", PRIORITY_SEP),
         key_prefix=options.get("global_keyprefix", ""),
-        owns_client=client is None,
+        owns_client=owned,
         holdings=holdings,
     )
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from celery.exceptions import QueueNotFound
 
-from conventions.config import profile
+from conventions.config import profile, sentinel
 from conventions.config import settings as settingslib
 from conventions.ops import doctor_time
 from conventions.ops.doctor_time import (
@@ -158,7 +158,8 @@ def redis_servers(conf: Any) -> list[str]:
     when it is another server (the same settings matter there: it holds the ledger)."""
     urls = [str(conf.get("broker_url"))] if broker_kind(conf) == "redis" else []
     store = str(conf.get("conventions_store_url") or "")
-    if urlsplit(store).scheme in ("redis", "rediss") and _where(store) not in map(_where, urls):
+    redis_store = urlsplit(store).scheme in ("redis", "rediss") or sentinel.is_sentinel(store)
+    if redis_store and _where(store) not in map(_where, urls):
         urls.append(store)
     return urls
 
@@ -226,7 +227,8 @@ def _redis_server_checks(url: str, conf: Any) -> Iterator[Finding]:
     import redis
 
     try:
-        client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
+        options = conf.get("broker_transport_options") if url == conf.get("broker_url") else None
+        client = sentinel.broker_client(url, options, socket_timeout=5, decode_responses=True)
         with client:
             with contextlib.suppress(redis.RedisError):  # INFO refused: the calls will say
                 yield from version_findings(

@@ -4,7 +4,8 @@ queues hold messages.
 A queue that tasks route to with no consumer is a queue whose jobs wait forever (Redis
 and RabbitMQ keep them without complaint); so is a beat entry that targets one. The
 workers are asked with ``inspect().active_queues()``; the broker with a passive
-queue declare (a message count, on Redis and RabbitMQ alike).
+queue declare (a message count, on Redis and RabbitMQ alike; on RabbitMQ its consumer
+count too, :func:`conventions.ops.doctor_rabbitmq.live_findings`).
 
 With the layer's Redis transport the broker also says what it holds beside the queues
 (:mod:`conventions.transport.layout`): jobs not yet due, whose next due time should not
@@ -21,9 +22,10 @@ from typing import Any
 
 from celery.exceptions import QueueNotFound
 
+from conventions.config import settings as settingslib
 from conventions.config.profile import INBOX_TRANSPORT
 from conventions.observability.queues import Held
-from conventions.ops import doctor
+from conventions.ops import doctor, doctor_rabbitmq
 from conventions.ops.doctor import ERROR, WARNING, Finding, apply_levels, queue_of, user_tasks
 
 #: seconds to wait for the workers' replies
@@ -45,6 +47,8 @@ class Live:
     held: dict[str, Held] = field(default_factory=dict)
     #: seconds each queue's next delayed job is overdue by (negative: still ahead)
     overdue: dict[str, float] = field(default_factory=dict)
+    #: RabbitMQ: queue -> consumers the broker counts (a queue not declared is missing)
+    broker_consumers: dict[str, int] = field(default_factory=dict)
 
     @property
     def consumed(self) -> set[str]:
@@ -56,10 +60,29 @@ def observe(app: Any, timeout: float = DEFAULT_TIMEOUT) -> Live:
     replies = app.control.inspect(timeout=timeout).active_queues() or {}
     consumers = {node: sorted(q["name"] for q in queues or ()) for node, queues in replies.items()}
     names = {q.name for q in app.amqp.queues.values()} | set(routed(app))
+    if settingslib.is_amqp(app.conf):
+        live = Live(consumers=consumers)
+        for name in sorted(names | {settingslib.poison_queue(app.conf)}):
+            declared = _declared(app, name)
+            live.backlog[name] = declared[0] if declared else 0
+            if declared is not None:
+                live.broker_consumers[name] = declared[1]
+        return live
     live = Live(consumers=consumers, backlog={name: _depth(app, name) for name in sorted(names)})
     if doctor.layer_transport(app.conf):
         _read_held(app, live, timeout)
     return live
+
+
+def _declared(app: Any, queue: str) -> tuple[int, int] | None:
+    """A queue's ready messages and consumers by a passive declare; None when the broker
+    has no such queue (or does not answer: the checks then say no consumer answered)."""
+    try:
+        with app.connection_for_read() as connection:
+            found = connection.default_channel.queue_declare(queue=queue, passive=True)
+            return int(found.message_count), int(found.consumer_count)
+    except Exception:
+        return None
 
 
 def _read_held(app: Any, live: Live, timeout: float) -> None:
@@ -137,6 +160,9 @@ def _findings(app: Any, live: Live) -> Iterator[Finding]:
                 "run them",
             )  # fmt: skip
     yield from _held_findings(live, consumed)
+    yield from doctor_rabbitmq.live_findings(
+        app.conf, live.broker_consumers, live.backlog, set(routes)
+    )
     yield from _beat_findings(app, consumed)
 
 

@@ -7,7 +7,9 @@ within ``recovery_timeout``: its checks are on that bound (:func:`recovery_findi
 kombu's stock Redis transport holds delayed messages unacked in the workers and recovers
 by the visibility timeout: there the time limits, retry caps and
 ``conventions_max_countdown`` must stay below that timeout. RabbitMQ closes a channel
-whose delivery stays unacked beyond its ``consumer_timeout``.
+whose delivery stays unacked beyond its ``consumer_timeout``; its quorum queues keep
+delays in the broker (Celery's native delayed delivery), and
+:mod:`conventions.ops.doctor_rabbitmq` checks their type and arguments.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from conventions.config import profile, sentinel
+from conventions.config import profile
 from conventions.config import settings as settingslib
+from conventions.ops import doctor_rabbitmq, doctor_sentinel
 from conventions.ops.findings import ERROR, WARNING, Finding
 from conventions.transport.checks import BOUND_FACTOR, MAX_BOUND, MAX_RECOVERY
 
@@ -60,7 +63,7 @@ def layer_transport(conf: Any) -> bool:
     """Does ``conf`` run the layer's Redis transport (delays kept in Redis, recovery by
     liveness), rather than kombu's stock one (delays held by workers, recovery by the
     visibility timeout)?"""
-    return settingslib.delayed_delivery(conf)
+    return broker_kind(conf) == "redis" and settingslib.delayed_delivery(conf)
 
 
 def recovery_timeout(conf: Any) -> float:
@@ -87,7 +90,8 @@ def consumer_timeout(conf: Any) -> float:
 
 def config_findings(conf: Any) -> Iterator[Finding]:
     """The recovery bound on the layer's transport; the countdown bound on kombu's."""
-    yield from sentinel_findings(conf)
+    yield from doctor_sentinel.findings(conf)
+    yield from doctor_rabbitmq.config_findings(conf)
     explicit = conf.get("conventions_max_countdown")
     if layer_transport(conf):
         yield from recovery_findings(conf)
@@ -203,10 +207,12 @@ CONSUMER_TIMEOUT_FIX = (
 def amqp_findings(conf: Any, name: str, limit: float, cap: float) -> Iterator[Finding]:
     """RabbitMQ closes a channel whose delivery stays unacked past ``consumer_timeout``
     (30 min by default) and delivers its messages again. A worker holds a job unacked
-    while it runs (late acks) and, on RabbitMQ, holds a retry's ETA message unacked
-    until it is due: a running job beyond the timeout is an error; a retry wait plus a
-    run that reach it together, a warning."""
-    timeout, held = consumer_timeout(conf), min(cap, settingslib.max_countdown(conf))
+    while it runs (late acks) and, on classic queues, holds a retry's ETA message
+    unacked until it is due (on quorum queues on topic exchanges RabbitMQ keeps it:
+    Celery's native delayed delivery): a running job beyond the timeout is an error; a
+    retry wait plus a run that reach it together, a warning."""
+    held = 0.0 if settingslib.native_delays(conf) else min(cap, settingslib.max_countdown(conf))
+    timeout = consumer_timeout(conf)
     if limit > timeout:
         yield Finding(
             ERROR, "time-limit-beyond-consumer-timeout", name,
@@ -221,22 +227,4 @@ def amqp_findings(conf: Any, name: str, limit: float, cap: float) -> Iterator[Fi
             "worker holds an ETA message unacked until it is due) reaches RabbitMQ's "
             f"consumer_timeout ({timeout:.0f}s): the broker would close the channel and "
             f"deliver the job again; {CONSUMER_TIMEOUT_FIX}, or lower the cap or the limit",
-        )  # fmt: skip
-
-
-def sentinel_findings(conf: Any) -> Iterator[Finding]:
-    """A Sentinel broker: an error with the layer's transport (it reads one Redis
-    primary, and would not follow a failover), a warning on kombu's stock one (what it
-    gives up)."""
-    url = conf.get("broker_url")
-    if not sentinel.is_sentinel(url):
-        return
-    ours = profile.names_layer_transport(conf.get("broker_transport"))
-    refusal = sentinel.refusal(url, layer_transport=ours, transport=profile.INBOX_TRANSPORT)
-    if refusal is not None:
-        yield Finding(ERROR, "sentinel-unsupported", "broker_transport", refusal)
-    else:
-        yield Finding(
-            WARNING, "sentinel-stock-transport", "broker_url",
-            f"sentinel:// runs on {sentinel.STOCK}",
         )  # fmt: skip

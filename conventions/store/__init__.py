@@ -23,7 +23,7 @@ __all__ = ["RedisStore", "SQLStore", "Store", "open_store", "resolve_url"]
 #: what a URL scheme looks like (RFC 3986), so that only a scheme is ever repeated
 SCHEME = re.compile(r"^[a-z][a-z0-9+.-]{0,31}$")
 #: URL schemes served by :class:`RedisStore`
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "sentinels")
 #: URL schemes served by :class:`SQLStore`, and what each becomes (psycopg 3 for PostgreSQL)
 SQL_SCHEMES = {
     "sqlite": "sqlite",

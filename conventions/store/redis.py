@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import redis
 
+from conventions.config import sentinel
 from conventions.config.profile import PUBLISH_TIMEOUT
 from conventions.config.settings import (
     AUDIT_MAX_EVENTS,
@@ -81,12 +82,10 @@ class RedisStore(RedisRecords, RedisCoordination):
         socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
         if isinstance(client_or_url, str):
-            self.client = redis.Redis.from_url(
-                client_or_url,
-                decode_responses=True,
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=socket_timeout,
-            )
+            # redis://, or sentinel://...;...?master_name= (the group's primary, followed
+            # across failovers); ?min_replicas=&replica_wait_ms= make every script and
+            # push wait for replicas in its round trip (conventions.config.sentinel)
+            self.client = sentinel.client_from_url(client_or_url, socket_timeout=socket_timeout)
             self._owns_client = True
         else:
             if not client_or_url.get_connection_kwargs().get("decode_responses"):

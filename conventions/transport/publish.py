@@ -19,8 +19,12 @@ reserves first and publishes second, as before.
 
 "The broker's server" is the one Celery publishes to: ``broker_write_url`` when it is set,
 else ``broker_url``. A failover list (``redis://a;redis://b``, or a list) or any URL that
-is not plain ``redis://``/``rediss://`` (``sentinel://``, say) may publish to a server
-other than the one it names: it takes the two-step path. The push hook checks once more
+is not plain ``redis://``/``rediss://`` may publish to a server other than the one it
+names: it takes the two-step path. A ``sentinel://`` broker is one trip when the store
+follows the same group (``sentinel://...?master_name=`` of the broker's ``master_name``,
+a sentinel in common): both are on the group's current primary, whichever it is. With
+the ``min_replicas`` transport option the script's round trip carries the ``WAIT`` too,
+which covers the reservation and the push alike. The push hook checks once more
 against the connection that really publishes (a ``connection=`` or ``producer=`` the
 caller passed may go elsewhere): on another server it reserves in the store first and
 then pushes, the two-step path inside the publish, so the reservation and the
@@ -39,6 +43,7 @@ from urllib.parse import urlsplit
 import redis
 from kombu.exceptions import OperationalError
 
+from conventions.config import sentinel
 from conventions.config.profile import INBOX_TRANSPORT, publish_timeout
 from conventions.errors import BackendUnavailable
 from conventions.store.records import AuditEvent
@@ -82,6 +87,9 @@ def _same_server(conf: Any, store: Any) -> bool:
     if not (transport == INBOX_TRANSPORT or transport is broker.Transport):
         return False
     written = conf.get("broker_write_url") or conf.get("broker_url")
+    if sentinel.is_sentinel(written):  # one group's primary, whichever server it is
+        options = conf.get("broker_transport_options") or {}
+        return sentinel.same_group(written, options.get("master_name"), store.client)
     if not isinstance(written, str) or ";" in written:  # a failover list: in doubt
         return False
     url = urlsplit(written)
@@ -92,6 +100,9 @@ def _same_server(conf: Any, store: Any) -> bool:
 
 def _publishes_to_store(store: RedisStore, client: Any) -> bool:
     """Whether ``client`` (the connection that publishes) talks to the store's server."""
+    grouped = sentinel.same_primary(client, store.client)
+    if grouped is not None:  # a Sentinel group on either side
+        return grouped
     pool = getattr(client, "connection_pool", None)
     params = getattr(pool, "connection_kwargs", None)
     if not isinstance(params, dict):

@@ -51,7 +51,16 @@ nothing would ever ack it, and it would come back every visibility timeout. It r
 keeper (a publisher's channel never does either).
 
 Select it with ``broker_transport = "conventions.transport.redis:Transport"`` (``celeryconfig.py``
-does for ``redis://`` and ``rediss://`` URLs). Redis 6.2 or newer (``BLMOVE``).
+does for ``redis://`` and ``rediss://`` URLs). Redis 6.2 or newer (``BLMOVE``). On Redis
+Sentinel (``sentinel://`` URLs, ``master_name`` in the transport options) the same
+transport makes a :class:`SentinelChannel`, which follows the primary across a failover
+(:mod:`conventions.transport.sentinel`).
+
+``min_replicas`` (transport option, default 0) makes every publish wait, in the same
+round trip, until that many replicas hold it (``WAIT min_replicas replica_wait_ms``):
+a publish that fewer replicas confirmed in time raises
+:class:`~conventions.errors.BackendUnavailable`, so a job ``.delay()`` answered for
+survives a failover.
 """
 
 from __future__ import annotations
@@ -69,9 +78,10 @@ from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from conventions.config.sentinel import REPLICA_WAIT_MS, Replicated, replicas_wanted
 from conventions.errors import ConfigurationError
 from conventions.tracing import headers as hdr
-from conventions.transport import delayed, envelope, liveness
+from conventions.transport import delayed, envelope, liveness, sentinel
 from conventions.transport.checks import check_kombu, check_timing
 from conventions.transport.envelope import UNPARSEABLE
 from conventions.transport.fetch import CLAIM, DEFER, EARLY, SWEEP, refuses_client_reply
@@ -79,8 +89,8 @@ from conventions.transport.hook import _HOOK, PushHook, pushing_through
 from conventions.transport.layout import CONSUMERS, INBOX, INBOXES
 
 __all__ = [
-    "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook", "QoS", "Transport",
-    "consumer_of", "in_inboxes", "pushing_through",
+    "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook", "QoS", "SentinelChannel",
+    "Transport", "consumer_of", "in_inboxes", "pushing_through",
 ]  # fmt: skip
 
 logger = logging.getLogger("conventions.transport.redis")
@@ -157,6 +167,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         "renew_unacked",
         "mover_interval",
         "clock_offset",
+        "min_replicas",
+        "replica_wait_ms",
     )
     fetch_wait = DEFAULT_FETCH_WAIT
     fetch_wait_max = DEFAULT_FETCH_WAIT_MAX
@@ -169,6 +181,11 @@ class Channel(kredis.Channel):  # type: ignore[misc]
     mover_interval = DEFAULT_MOVER_INTERVAL
     #: seconds added to this process' clock when comparing due times (tests)
     clock_offset = 0.0
+    #: replicas every publish waits for (0: none) and for how long (milliseconds)
+    min_replicas = 0
+    replica_wait_ms = REPLICA_WAIT_MS
+    #: the keeper class of a consuming channel
+    Keeper: type[liveness.Keeper] = liveness.Keeper
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.consumer_id = uuid.uuid4().hex
@@ -180,6 +197,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self._live_at = -math.inf
         self._sent: tuple[str, list[str]] = ("", [])
         self._sync_client: Any = None
+        self._guarded: Any = None
         self.keeper: liveness.Keeper | None = None
         #: the queues a no-ack consumer reads, by consumer tag
         self._no_ack: dict[str, str] = {}
@@ -194,6 +212,9 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         if self.renew_unacked:  # the keeper renews: the timeout is the recovery bound
             self.visibility_timeout = self.recovery_timeout
         self._wait = float(self.fetch_wait)
+        self._replicas = replicas_wanted(
+            {"min_replicas": self.min_replicas, "replica_wait_ms": self.replica_wait_ms}
+        )
         self._claim = self.client.register_script(CLAIM)  # EVALSHA, loaded when missing
         self._defer = self.client.register_script(DEFER)
         if self.global_keyprefix:
@@ -213,10 +234,27 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         """
         if asynchronous:
             return super()._create_client(asynchronous=True)
-        pool = self.pool
         client = self._sync_client
+        if client is not None and self._pool is None and getattr(self, "_closing", False):
+            # closing after a lost connection: kombu gives back what this channel was
+            # delivered through its last client (a new pool would need the released
+            # connection's parameters, and raise AttributeError: fatal to the worker)
+            return client
+        pool = self.pool
         if client is None or client.connection_pool is not pool:
             client = self._sync_client = super()._create_client()
+        return client
+
+    def _publishing_client(self) -> Any:
+        """The client a publish goes through: with ``min_replicas``, one whose pushes
+        and scripts wait for the replicas in the same round trip (one per pool)."""
+        if not self._replicas[0]:
+            return self._create_client()
+        pool = self.pool
+        client = self._guarded
+        if client is None or client.connection_pool is not pool:
+            client = Replicated(connection_pool=pool).guard(*self._replicas, "broker")
+            self._guarded = client
         return client
 
     @property
@@ -243,11 +281,14 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             # would make the queues view count its age from then
             message = {**message, "headers": {k: v for k, v in headers.items()
                                               if k != hdr.DUE}}  # fmt: skip
-        if not hooked and (due is None or due <= self.now()):
-            super()._put(queue, message, **kwargs)
-            return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
-        with self.conn_or_acquire() as client:  # a retried publish runs it again
+        if not hooked and (due is None or due <= self.now()):
+            if not self._replicas[0]:
+                super()._put(queue, message, **kwargs)
+            else:  # kombu's LPUSH, with the WAIT in its round trip
+                self._publishing_client().lpush(key, dumps(message))
+            return
+        with self.conn_or_acquire(self._publishing_client()) as client:  # a retry runs it again
             if due is not None and due > self.now():
                 member = delayed.delay(key, message, due)
                 if hooked and hook is not None and hook.push_delayed is not None:
@@ -276,7 +317,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
 
     def _start_keeper(self) -> None:
         qos = self.qos
-        self.keeper = liveness.Keeper(
+        self.keeper = self.Keeper(
             self.consumer_id,
             client=self._create_client,
             queues=lambda: [q for q in list(self.active_queues)
@@ -453,7 +494,36 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         super().close()
 
 
+class SentinelChannel(Channel, kredis.SentinelChannel):  # type: ignore[misc]
+    """The layer's channel on the current primary of a Sentinel group: kombu's
+    ``SentinelChannel`` makes its pools, the layer's the fetch, delayed sets and
+    keeper, which holds its sweeps after a failover
+    (:class:`~conventions.transport.sentinel.FollowingKeeper`)."""
+
+    from_transport_options = tuple(
+        dict.fromkeys((*Channel.from_transport_options, *sentinel.SENTINEL_OPTIONS))
+    )
+    Keeper = sentinel.FollowingKeeper
+
+    @property
+    def held_scope(self) -> str:
+        """The group, not a server: the held messages stay this process' across a
+        failover, renewed on the new primary."""
+        params = self.connection.client
+        return f"sentinel:{self.master_name}/{params.virtual_host}/{self.unacked_index_key}"
+
+
 class Transport(kredis.Transport):  # type: ignore[misc]
-    """kombu's Redis transport with the inbox fetch, delayed sets and liveness."""
+    """kombu's Redis transport with the inbox fetch, delayed sets and liveness; its
+    channels are :class:`SentinelChannel` on a Sentinel connection."""
 
     Channel = Channel
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        if sentinel.wanted(client):
+            self.Channel = SentinelChannel
+            # never switch to the "next" URL: each names a sentinel, and every channel
+            # asks them all; kombu's switch would re-read the URL's scheme and reconnect
+            # through its stock SentinelTransport, without the inbox fetch or the WAIT
+            client.cycle = None

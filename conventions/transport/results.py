@@ -30,6 +30,13 @@ and acks, has the runner publish a copy of the job first (``give_back``).
 
 Anything else (another server, the SQL store, a plain Celery task) goes through Celery's
 backend unchanged. The result documents, keys and expiry are Celery's own.
+
+On Redis Sentinel, :class:`SentinelBackend` (``result_backend =
+"conventions.transport.results:SentinelBackend+sentinel://a:26379/0;sentinel://b:26379/0"``
+with ``result_backend_transport_options={"master_name": ...}``) is Celery's Sentinel
+backend with the same riding writes, when the store follows the same group
+(``sentinel://...?master_name=``): the claim and completion scripts, and the result
+writes they carry, run on the current primary.
 """
 
 from __future__ import annotations
@@ -46,8 +53,10 @@ from celery import states
 from celery._state import get_current_task
 from celery.app.task import get_actual_ignore_result
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from kombu.utils.encoding import bytes_to_str
 
+from conventions.config import sentinel
 from conventions.jobs.decisions import DEFAULT_TABLE, RetryDecision
 from conventions.observability.deadletters import CappedRequest
 from conventions.store.records import AuditEvent, Claim
@@ -203,10 +212,17 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
             return cached[1]  # type: ignore[no-any-return]
         kwargs = self.client.connection_pool.connection_kwargs
         answer = None
-        if isinstance(store, RedisStore) and store.shares_server(
-            kwargs.get("host") or kwargs.get("path"), kwargs.get("port")
-        ):
-            answer = store
+        if isinstance(store, RedisStore):
+            # both follow one Sentinel group (True/False), or neither: compare servers
+            grouped = sentinel.same_primary(self.client, store.client)
+            shared = (
+                grouped
+                if grouped is not None
+                else store.shares_server(
+                    kwargs.get("host") or kwargs.get("path"), kwargs.get("port")
+                )
+            )
+            answer = store if shared else None
         self.__dict__["_cc_alongside"] = (store, answer)
         return answer
 
@@ -222,6 +238,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
             return False
         _local.started = (task.request.id, self.write(key, value))
         return True
+
+
+class SentinelBackend(RedisBackend, CelerySentinelBackend):  # type: ignore[misc]
+    """Celery's Sentinel result backend (the current primary of ``master_name``) with
+    the riding writes of :class:`RedisBackend`."""
 
 
 def claim(

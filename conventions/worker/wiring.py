@@ -25,10 +25,13 @@ from typing import Any
 
 from celery import current_app, signals
 
+from conventions.config import settings
+from conventions.errors import ConfigurationError
 from conventions.observability import alerts
 from conventions.ops import pauses, retention
 from conventions.tracing import logs
-from conventions.worker import lifecycle, reservations
+from conventions.transport import amqp_queues
+from conventions.worker import lifecycle, poison_queue, reservations
 from conventions.worker import signals as handlers
 
 logger = logging.getLogger("conventions.worker.wiring")
@@ -105,15 +108,19 @@ class Wiring:
         self._start()
         _init_sentry(self.app)
         lifecycle.on_worker_init(sender)
+        _declare_amqp_topology(self.app)
 
     def worker_ready(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
             retention.start(self.app)
             pauses.at_start(self.app, sender)  # sender: the consumer
+            # RabbitMQ's quorum queues: the poison queue's consumer (else nothing)
+            poison_queue.start(self.app, getattr(sender, "hostname", None))
 
     def worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
             retention.stop(self.app)
+            poison_queue.stop(self.app)
 
     def shutting_down(self, sender: Any = None, how: Any = None, **_: Any) -> None:
         if self._runs_here():
@@ -133,6 +140,24 @@ class Wiring:
         if self._runs_here() and logger is not None:
             logs.install()
             logs.configure(logger, self.app.conf.get("conventions_log_format") or "text")
+
+
+def _declare_amqp_topology(app: Any) -> None:
+    """On RabbitMQ's quorum queues, the queues, the poison queue and the delay exchanges
+    declared before the consumer starts: Celery's delayed delivery binds the queues at
+    its start and gives up (for the worker's life) on a vhost where nothing was
+    published yet. A queue of the same name with other arguments stops the worker
+    (``ConfigurationError``); a broker that does not answer yet is left to the first
+    publish, which declares them too."""
+    if not settings.quorum_queues(app.conf):
+        return
+    try:
+        amqp_queues.ensure(app)
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # the broker is not there yet: the consumer retries it
+        logger.warning("could not declare the RabbitMQ queues at start (%s): "
+                       "the first publish declares them", exc)  # fmt: skip
 
 
 def _init_sentry(app: Any) -> None:

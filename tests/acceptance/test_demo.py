@@ -190,23 +190,16 @@ def _delete_demo_queues(url: str) -> None:
 
     from tasks import app
 
-    names = {q.name for q in app.conf.task_queues}
-    names |= {arg for q in app.conf.task_queues for arg in _dead_letter_queues(q)}
+    names = set(app.amqp.queues)  # email and heavy (built by the App from the workloads)
     with Connection(url, connect_timeout=5) as connection:
         try:
             connection.ensure_connection(max_retries=1)
         except Exception as exc:
             unavailable("RabbitMQ", exc)
         channel = connection.channel()
-        for name in sorted(names):
+        for name in sorted(names):  # each queue and its exchange (a classic run's: direct)
             channel.queue_delete(name)
-
-
-def _dead_letter_queues(queue: Any) -> list[str]:
-    """The queue a workload queue dead-letters into, when its arguments name one."""
-    arguments = queue.queue_arguments or {}
-    named = arguments.get("x-dead-letter-routing-key")
-    return [named] if isinstance(named, str) else []
+            channel.exchange_delete(name)
 
 
 @pytest.mark.timeout(300)
@@ -220,6 +213,14 @@ def test_the_demo_on_rabbitmq_says_so_and_its_numbers_are_true() -> None:
     assert {"email", "heavy"} <= set(peaks) and summary["queues"]["samples"] >= 1
     assert summary["metrics"]["totals"]["jobs_retried_total"] == FLAKY
     assert_numbers_are_true(summary)
+    # the queues were quorum ones: their dead-letter (poison) queue is there, read by nobody
+    # now that the workers stopped, and empty (no job reached its delivery limit)
+    from kombu import Connection
+
+    from conventions.observability import queues
+
+    with Connection(AMQP_URL, connect_timeout=5) as connection:
+        assert queues.declared(connection, "conventions.poison") == (0, 0)
 
 
 @pytest.mark.timeout(180)

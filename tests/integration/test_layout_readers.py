@@ -144,7 +144,7 @@ def test_the_oldest_age_counts_from_the_due_time_a_moved_job_carries(
 
 def test_the_stock_transport_reads_no_holdings(broker: redis.Redis) -> None:
     stock = type(app)("stock_transport", set_as_current=False)
-    stock.conf.update(broker_url=app.conf.broker_url, task_queues=app.conf.task_queues,
+    stock.conf.update(broker_url=app.conf.broker_url, task_queues=list(app.amqp.queues.values()),
                       broker_transport=None)  # fmt: skip
     _delay(broker, "email", time.time() + 60)
     with transport_view.broker_reader(stock) as reader:

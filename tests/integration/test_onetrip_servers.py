@@ -124,12 +124,17 @@ def test_a_failover_list_takes_the_two_step_path(
 @pytest.mark.parametrize(
     "conf",
     [
-        {"broker_url": f"sentinel://127.0.0.1:26379/{BROKER_DB}"},
+        # a Sentinel broker whose store is a fixed server, not its group's primary (a
+        # store of the same group is one trip: tests/integration/test_sentinel.py)
+        {
+            "broker_url": f"sentinel://127.0.0.1:26379/{BROKER_DB}",
+            "broker_transport_options": {"master_name": "mymaster"},
+        },
         {"broker_url": [f"{REDIS_BASE}/{BROKER_DB}", f"redis://127.0.0.1:1/{BROKER_DB}"]},
         {"broker_write_url": f"redis://queue-writer.internal:6379/{BROKER_DB}"},
         {"broker_write_url": f"{REDIS_BASE}/{BROKER_DB};redis://127.0.0.1:1/{BROKER_DB}"},
     ],
-    ids=["sentinel", "a-list", "write-url-elsewhere", "write-url-failover"],
+    ids=["sentinel-store-elsewhere", "a-list", "write-url-elsewhere", "write-url-failover"],
 )
 def test_a_broker_that_may_publish_elsewhere_takes_the_two_step_path(
     conf: dict[str, Any],

@@ -1,4 +1,5 @@
-"""``bench.scale`` stays importable and its arithmetic right (no Redis, no worker)."""
+"""``bench.scale`` and ``bench.rabbitmq`` stay importable and their arithmetic right (no
+server, no worker)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,13 @@ def test_the_table_has_a_row_per_phase(capsys: pytest.CaptureFixture[str]) -> No
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
     assert cells == ["redis", "conv", "publish", "10", "1.0", "2", "100", "-", "50",
                      "evalsha 1", "evalsha 1"]  # fmt: skip
+
+
+def test_the_rabbitmq_rows_are_rate_ratios_of_the_same_rounds() -> None:
+    from bench import rabbitmq
+
+    published = {"conv": [0.004] * 5, "raw_quorum": [0.002] * 5, "raw": [0.001] * 5}
+    drained = {"conv": [90.0] * 5, "raw_quorum": [100.0] * 5, "raw": [200.0] * 5}
+    rows = rabbitmq.rows(published, drained)
+    assert [round(row.value, 2) for row in rows] == [0.5, 0.25, 0.9, 0.45, 0.5]
+    assert [row.verdict() for row in rows[:1]] == ["met"]

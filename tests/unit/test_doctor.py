@@ -17,6 +17,10 @@ class Ids(Payload):
     order_id: str
 
 
+#: what the doctor says of this file's test app on RabbitMQ (classic queues, no confirms)
+RABBITMQ_OWN = {"classic-queue", "publish-unconfirmed"}
+
+
 def _app(**conf: Any) -> App:
     """An app with the reliable profile (its queues ``email`` and ``heavy``), then
     ``conf``; ``workloads=`` routes to queues that may not be declared."""
@@ -194,13 +198,15 @@ def test_each_way_a_redis_broker_loses_a_late_ack_job_is_a_warning_with_the_fix(
     assert [(f.level, f.code) for f in found] == [(WARNING, code)]
     assert "set " in found[0].message
     # the same settings on RabbitMQ are fine: the broker requeues what a channel held
-    assert static_checks(_app(broker_url="amqp://localhost//", **conf), server=False) == []
+    # (this test app declares classic queues and no confirms: RabbitMQ's own findings)
+    amqp = static_checks(_app(broker_url="amqp://localhost//", **conf), server=False)
+    assert [f for f in amqp if f.code not in RABBITMQ_OWN] == []
 
 
 def test_a_result_write_that_is_not_retried_is_a_warning_on_any_broker() -> None:
     for broker in ("redis://localhost:6379/0", "amqp://localhost//"):
         app = _app(broker_url=broker, result_backend_always_retry=False)
-        found = static_checks(app, server=False)
+        found = [f for f in static_checks(app, server=False) if f.code not in RABBITMQ_OWN]
         assert [(f.level, f.code, f.subject) for f in found] == [
             (WARNING, "result-write-not-retried", "result_backend_always_retry")
         ]

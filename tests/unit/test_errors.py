@@ -25,6 +25,7 @@ from conventions.errors import (
     SkipJob,
     TransientError,
     UncertainOutcomeError,
+    Unroutable,
     tree,
 )
 
@@ -44,6 +45,7 @@ ALL = [
     KeyConflict,
     QueueOverCapacity,
     BackendUnavailable,
+    Unroutable,
 ]
 
 

@@ -152,7 +152,7 @@ def test_the_publish_timeout_bounds_every_part_of_the_publish() -> None:
 def test_another_broker_gets_no_redis_transport_and_no_result_backend_of_its_own() -> None:
     conf = reliable(broker_url="amqp://guest@localhost//", store_url=REDIS)
     assert "broker_transport" not in conf and "result_backend" not in conf
-    assert conf["broker_transport_options"] == {}
+    assert conf["broker_transport_options"] == {"confirm_publish": True}
     assert {p.key for p in promises(conf)}.isdisjoint({"broker_transport", "redis_socket_timeout"})
 
 

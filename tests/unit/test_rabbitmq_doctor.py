@@ -1,20 +1,16 @@
-"""The doctor on RabbitMQ's consumer_timeout, and Sentinel refused clearly (no broker)."""
+"""The doctor on RabbitMQ's consumer_timeout (no broker)."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any
 
-import pytest
-
 from conventions import App, Backoff, JobContext, Payload
 from conventions.config.profile import INBOX_TRANSPORT, reliable
-from conventions.errors import ConfigurationError
 from conventions.jobs.routing import WorkloadRouter, queues_for
 from conventions.ops.doctor import ERROR, WARNING, Finding, static_checks
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
-SENTINEL = "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380"
 STORE = "redis://127.0.0.1:6379/0"
 _NUMBERS = itertools.count(1)
 
@@ -81,37 +77,3 @@ def test_on_redis_the_consumer_timeout_is_not_checked() -> None:
     app = _app(broker_url="redis://127.0.0.1:6379/0", broker_transport=INBOX_TRANSPORT)
     name = _job(app, time_limit=1000, backoff=Backoff(cap=850))
     assert _found(static_checks(app, server=False), name) == set()
-
-
-def test_reliable_refuses_sentinel_in_one_line_saying_what_to_do() -> None:
-    with pytest.raises(ConfigurationError) as caught:
-        reliable(broker_url=SENTINEL, store_url=STORE)
-    message = str(caught.value)
-    assert "\n" not in message
-    assert "not supported by the layer's Redis transport yet" in message
-    assert "master_name" in message and "inbox fetch" in message and "delayed set" in message
-    with pytest.raises(ConfigurationError, match="sentinel://"):
-        reliable(broker_url=SENTINEL, store_url=STORE, allow={"broker_transport"},
-                 broker_transport=INBOX_TRANSPORT)  # fmt: skip
-
-
-def test_reliable_takes_kombus_stock_transport_on_sentinel_when_allowed() -> None:
-    conf = reliable(
-        broker_url=SENTINEL, store_url=STORE, allow={"broker_transport"},
-        broker_transport_options={"master_name": "mymaster"},
-    )  # fmt: skip
-    assert "broker_transport" not in conf
-    assert conf["broker_transport_options"]["master_name"] == "mymaster"
-
-
-def _config_findings(app: App) -> set[tuple[str, str]]:
-    subjects = ("broker_transport", "broker_url")
-    return {(f.level, f.code) for f in static_checks(app, server=False) if f.subject in subjects}
-
-
-def test_the_doctor_says_sentinel_with_the_layers_transport_is_an_error() -> None:
-    app = _app(broker_url=SENTINEL, broker_transport=INBOX_TRANSPORT)
-    assert (ERROR, "sentinel-unsupported") in _config_findings(app)
-    kombu = _app(broker_url=SENTINEL, broker_transport=None)
-    assert _config_findings(kombu) == {(WARNING, "sentinel-stock-transport")}
-    assert _config_findings(_app()) == set()  # RabbitMQ: neither
