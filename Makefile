@@ -36,10 +36,10 @@ unit: install
 # are `make chaos`; CI (.ci/run) runs both.
 test: install services lint typecheck docs
 	$(BIN)/python scripts/check_layering.py
-	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -m "not chaos" -p no:cacheprovider
+	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -m "not chaos" -p no:cacheprovider --durations=15
 
 chaos: install services
-	$(BIN)/pytest tests/acceptance -m chaos -p no:cacheprovider
+	$(BIN)/pytest tests/integration tests/acceptance -m chaos -p no:cacheprovider
 
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)

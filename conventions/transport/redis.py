@@ -394,10 +394,17 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             raise
 
     def _brpop_read(self, **options: Any) -> bool:
+        connection = self.client.connection
+        if not self._reply_ready(connection):
+            # woken with nothing to read: the event loop saw another socket on a
+            # descriptor number this fetch's socket once had, or this socket was closed
+            # earlier in the same tick. A blocking read would wait the socket timeout and
+            # call a live connection lost; the fetch stays in flight (or is sent again)
+            raise Empty()
         kind, sources = self._sent
         try:
             try:
-                reply = self.client.parse_response(self.client.connection, kind, **options)
+                reply = self.client.parse_response(connection, kind, **options)
             except self.connection_errors:
                 self.client.connection.disconnect()
                 self._live_at = -math.inf  # a new connection: say it again
@@ -435,6 +442,20 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+
+    def _reply_ready(self, connection: Any) -> bool:
+        """Whether the fetch in flight on ``connection`` has (part of) its reply to read,
+        without blocking; a connection the server closed reads as ready (the read then
+        raises the connection error the worker reconnects from)."""
+        if connection is None or self._in_poll is not connection:
+            return False
+        if getattr(connection, "_sock", None) is None:
+            self._in_poll = None  # closed: nothing is in flight, the next poll sends again
+            return False
+        try:
+            return bool(connection.can_read(timeout=0))
+        except self.connection_errors:
+            return True
 
     def _claim_and_deliver(self, inbox: str, entry: bytes, queue: str, source: str) -> bool:
         """Move the entry from the inbox into the unacked set, then hand it to kombu;

@@ -11,6 +11,7 @@ message lands in that inbox, and the consumer dies before claiming it.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -62,6 +63,13 @@ def blocked_consumer(queue: Queue, options: dict[str, Any]) -> Iterator[tuple[An
         yield channel, broker.INBOX.format(consumer=channel.consumer_id, source=queue.name)
 
 
+def read_reply(channel: Any, timeout: float = 10) -> bool:
+    """The fetch's reply read as kombu's poller reads it: once the socket has it (the
+    read itself never waits: a wake-up with nothing to read is ``Empty``)."""
+    assert channel.client.connection.can_read(timeout=timeout), "no reply to the fetch"
+    return bool(channel._brpop_read())
+
+
 @pytest.fixture
 def blocked(services: None, queue: Queue) -> Iterator[tuple[Any, str]]:
     with blocked_consumer(queue, OPTIONS) as consumer:
@@ -94,7 +102,7 @@ def test_every_blocking_fetch_renews_the_sign_of_life_and_the_inbox_registration
     with blocked_consumer(queue, {**OPTIONS, "recovery_timeout": 12}) as (consumer, inbox):
         consumer.keeper.stop()  # the fetch alone
         with pytest.raises(broker.Empty):
-            consumer._brpop_read()  # the first fetch times out after its 2 s block
+            read_reply(consumer)  # the first fetch times out after its 2 s block
         client.hdel(broker.INBOXES, inbox)  # as a sweep that found it dead would have
         client.zadd(CONSUMERS, {consumer.consumer_id: 1})
         consumer._live_at -= 4  # a third of its liveness ago
@@ -104,7 +112,7 @@ def test_every_blocking_fetch_renews_the_sign_of_life_and_the_inbox_registration
         left = (client.zscore(CONSUMERS, consumer.consumer_id) or 0) - server_now(client)
         assert left > 11  # a whole recovery_timeout again
         with pytest.raises(broker.Empty):
-            consumer._brpop_read()
+            read_reply(consumer)
 
 
 def test_a_dead_consumers_empty_inbox_is_forgotten_only_after_recovery_timeout(
@@ -157,9 +165,31 @@ def test_a_broker_that_refuses_client_reply_stops_the_fetch_with_the_fix(
             channel.client.connection = channel.client.connection_pool.get_connection()
             channel._brpop_start()
             with pytest.raises(ConfigurationError, match=r"CLIENT REPLY.*\+client\|reply"):
-                channel._brpop_read()
+                read_reply(channel)
     finally:
         admin.acl_deluser(user)
+
+
+def test_a_wake_up_with_nothing_to_read_is_empty_at_once_and_keeps_the_fetch_in_flight(
+    blocked: tuple[Any, str],
+) -> None:
+    """An event loop that reports this fetch's descriptor readable for another socket
+    (a number reused after a reconnect) or after the socket closed: the read returns at
+    once instead of waiting the socket timeout and calling a live connection lost."""
+    consumer, _ = blocked
+    started = time.monotonic()
+    with pytest.raises(broker.Empty):
+        consumer._brpop_read()  # the BLMOVE blocks 2 s: no reply yet
+    assert time.monotonic() - started < 0.5
+    assert consumer._in_poll is consumer.client.connection  # still in flight
+    with pytest.raises(broker.Empty):
+        read_reply(consumer)  # its own reply, when it comes: nothing fetched
+    assert consumer._in_poll is None
+    consumer.client.connection.disconnect()  # closed earlier in the same tick
+    consumer._in_poll = consumer.client.connection
+    with pytest.raises(broker.Empty):
+        consumer._brpop_read()  # no "I/O operation on closed file"
+    assert consumer._in_poll is None  # the next poll sends the fetch again
 
 
 def test_an_error_reply_to_a_fetch_drops_its_connection_and_is_one_to_reconnect_from(
@@ -171,11 +201,11 @@ def test_an_error_reply_to_a_fetch_drops_its_connection_and_is_one_to_reconnect_
     try:
         with blocked_consumer(queue, OPTIONS) as (consumer, _):
             with pytest.raises(broker.Empty):
-                consumer._brpop_read()  # the first fetch times out
+                read_reply(consumer)  # the first fetch times out
             client.set(queue.name, "not a list")  # the next BLMOVE answers WRONGTYPE
             consumer._brpop_start()
             with pytest.raises(redis.ConnectionError, match="WRONGTYPE"):
-                consumer._brpop_read()
+                read_reply(consumer)
             assert consumer.client.connection._sock is None and not consumer._in_poll
     finally:
         client.delete(queue.name)

@@ -116,6 +116,7 @@ def test_a_job_published_through_sentinel_runs_on_a_worker(
         worker.terminate(timeout=20)
 
 
+@pytest.mark.chaos  # a failover takes seconds: `make chaos`, with the 2,000-job run
 def test_a_failover_during_a_run_keeps_every_acknowledged_job_once(
     group: Group, shop: Engine, tmp_path: Path
 ) -> None:
@@ -146,6 +147,7 @@ def test_a_failover_during_a_run_keeps_every_acknowledged_job_once(
             worker.terminate(timeout=20)
 
 
+@pytest.mark.chaos  # a failover takes seconds: `make chaos`, with the 2,000-job run
 def test_the_publisher_and_the_store_follow_the_new_primary(group: Group) -> None:
     store = RedisStore(store_url(7, min_replicas=1))
     connection = Connection(
@@ -254,6 +256,7 @@ class Monitor:
                 if line.get("client_type") != "lua" and line.get("db") == db]  # fmt: skip
 
 
+@pytest.mark.chaos  # a failover takes seconds: `make chaos`, with the 2,000-job run
 def test_a_new_primarys_clock_does_not_make_a_live_consumer_look_dead(group: Group) -> None:
     """After a failover a keeper that reconnected without an error (redis-py retries a
     dropped connection by itself) holds its sweep for one beat period: a live consumer
