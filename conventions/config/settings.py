@@ -176,7 +176,7 @@ def delayed_delivery(conf: Any) -> bool:
     quorum queues on topic exchanges (Celery's native delayed delivery,
     :func:`native_delays`)."""
     ours = profile.names_layer_transport(conf.get("broker_transport"))
-    redis = ours and _broker_url(conf).startswith(("redis://", "rediss://"))
+    redis = ours and profile.is_redis(_broker_url(conf))  # Sentinel's channel keeps them too
     return redis or native_delays(conf)
 
 

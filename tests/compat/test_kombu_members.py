@@ -26,6 +26,7 @@ from conventions.transport import checks as broker_checks
 ROOT = Path(__file__).resolve().parents[2]
 KOMBU_REDIS, KOMBU_VIRTUAL = "kombu.transport.redis", "kombu.transport.virtual"
 CELERY_REDIS = "celery.backends.redis:RedisBackend"
+DELAYS = "kombu.transport.native_delayed_delivery"
 
 #: (owner as "module:qualname", member) -> the signature relied on, or None for a value
 METHODS: dict[tuple[str, str], str | None] = {
@@ -69,6 +70,22 @@ METHODS: dict[tuple[str, str], str | None] = {
     (CELERY_REDIS, "get_key_for_task"): "(self, task_id, key='')",
     (CELERY_REDIS, "_MAX_STR_VALUE_SIZE"): None,
     ("celery._state", "get_current_task"): "()",
+    # conventions.transport.redis on Sentinel (SentinelChannel, no URL switching) and
+    # closing after a lost connection
+    (f"{KOMBU_REDIS}:SentinelChannel", "_sentinel_managed_pool"): "(self, asynchronous=False)",
+    (f"{KOMBU_REDIS}:SentinelChannel", "_connparams"): "(self, asynchronous=False)",
+    (f"{KOMBU_REDIS}:Channel", "_closing"): None,
+    (f"{KOMBU_REDIS}:Channel", "_pool"): None,
+    ("kombu.connection:Connection", "cycle"): None,
+    ("celery.backends.redis:SentinelBackend", "_get_pool"): "(self, **params)",
+    # conventions.transport.amqp_queues: RabbitMQ's delay topology, as Celery's worker
+    # step declares it
+    (DELAYS, "bind_queue_to_native_delayed_delivery_exchange"): (
+        "(connection: 'Connection', queue: 'Queue', prefix: 'str | None' = None) -> 'None'"
+    ),
+    (DELAYS, "declare_native_delayed_delivery_exchanges_and_queues"): (
+        "(connection: 'Connection', queue_type: 'str', prefix: 'str | None' = None) -> 'None'"
+    ),
     ("celery.app.task", "get_actual_ignore_result"): "(task, req)",
 }
 

@@ -145,6 +145,11 @@ def test_reliable_gives_a_sentinel_broker_the_layers_transport_and_the_redis_pro
     assert conf["worker_cancel_long_running_tasks_on_connection_loss"] is False
     found = _found(conf)  # the doctor: only what the store's plain URL misses
     assert found == set(), found
+    # the Sentinel channel keeps the delayed sets: any countdown, no visibility cap
+    from conventions.config import settings
+
+    assert settings.delayed_delivery(conf)
+    assert settings.max_countdown(conf) == settings.DELAYED_SET_MAX_COUNTDOWN
 
 
 def _found(conf: dict[str, Any]) -> set[tuple[str, str, str]]:
