@@ -211,14 +211,20 @@ class PoisonQueueConsumer(threading.Thread):
             queue = amqp_queues.poison_queue(self.app.conf)(channel)
             queue.declare()
             channel.basic_qos(0, 1, False)
+            # on_message: kombu hands the raw message over, decoding nothing; the record
+            # decodes only what the app accepts (JSON: never pickle from a queue anyone
+            # can dead-letter into)
             with connection.Consumer(
-                queue, callbacks=[self.on_message], accept=None, channel=channel
+                queue, on_message=self.on_raw, accept=accepted(self.app), channel=channel
             ):
                 while not self.stopping.is_set():
                     try:
                         connection.drain_events(timeout=POLL)
                     except TimeoutError:
                         continue
+
+    def on_raw(self, message: Any) -> None:
+        self.on_message(None, message)
 
     def on_message(self, body: Any, message: Any) -> None:
         pause = FIRST_PAUSE
@@ -239,7 +245,7 @@ def drain(app: Any, *, worker: str | None = None) -> tuple[int, int]:
         queue = amqp_queues.poison_queue(app.conf)(channel)
         queue.declare()
         while True:
-            message = queue.get(no_ack=False, accept=None)
+            message = queue.get(no_ack=False, accept=accepted(app))
             if message is None:
                 break
             if handle(app, message, worker or socket.gethostname()):
@@ -250,6 +256,12 @@ def drain(app: Any, *, worker: str | None = None) -> tuple[int, int]:
                 left += 1
                 break
     return acked, left
+
+
+def accepted(app: Any) -> list[str]:
+    """The content types a record may decode (the app's ``accept_content``, JSON by the
+    profile): anything else is kept as its raw body, never deserialized."""
+    return list(app.conf.get("accept_content") or ["json"])
 
 
 _running: dict[int, PoisonQueueConsumer] = {}

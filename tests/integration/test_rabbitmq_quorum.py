@@ -277,6 +277,41 @@ def test_a_message_past_its_delivery_limit_becomes_a_poison_record_that_replays(
     _take(q.SIDE, count=1)
 
 
+class Tripwire:
+    """Unpickling this writes a file: what a pickle body could run in the consumer."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (Path.write_text, (Path(self.path), "unpickled"))
+
+
+def test_a_pickle_in_the_poison_queue_is_kept_raw_never_unpickled(
+    broker: None, tmp_path: Path
+) -> None:
+    """Anyone who can publish to a workload queue can get a message dead-lettered into the
+    poison queue: its consumer decodes only what the app accepts (JSON)."""
+    import pickle
+
+    tripwire = tmp_path / "tripwire"
+    body = pickle.dumps(Tripwire(str(tripwire)))
+    task_id = f"pk{uuid.uuid4().hex[:8]}"
+    with _connection() as connection:
+        producer = connection.Producer()
+        producer.publish(
+            body, exchange=q.POISON, routing_key=q.POISON, serializer=None,
+            content_type="application/x-python-serialize", content_encoding="binary",
+            headers={"id": task_id, "task": q.sided.name,
+                     "x-death": [{"reason": "delivery_limit", "queue": q.SIDE, "count": 1}]},
+        )  # fmt: skip
+    assert poison_queue.drain(q.app, worker="test") == (1, 0)
+    record = _record(task_id)
+    assert record is not None and record.category is Category.POISON
+    assert record.payload["content_type"] == "application/x-python-serialize"
+    assert not tripwire.exists()
+
+
 def test_with_the_store_down_the_poison_message_is_not_acked(broker: None) -> None:
     task_id = _past_the_delivery_limit(f"d{uuid.uuid4().hex[:8]}")
     down = type(q.app)("q26_store_down", set_as_current=False)
