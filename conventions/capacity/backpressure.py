@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery.result import AsyncResult
 
-from conventions.config import sentinel
+from conventions.config import profile, sentinel
 from conventions.config.capacity import Bound
 from conventions.errors import ConfigurationError, QueueOverCapacity
 from conventions.jobs import routing
@@ -141,7 +141,7 @@ class Gauge:
         return Reading(found[0] if found else 0, None, now)
 
     def _measure(self, app: Any, queue: str, now: float) -> Reading:
-        if queueslib.is_amqp(app.conf.broker_url):
+        if profile.is_amqp(app.conf.broker_url):
             return self._measure_amqp(app, queue, now)
         options = app.conf.get("broker_transport_options") or {}
         prefix = str(options.get("global_keyprefix") or "")
@@ -204,7 +204,7 @@ def check(task: JobTask, options: Mapping[str, Any]) -> Refusal | None:
     bound = bounds.get(queue) if queue is not None else None
     if bound is None or queue is None:
         return None
-    if bound.max_age is not None and queueslib.is_amqp(task.app.conf.broker_url):
+    if bound.max_age is not None and profile.is_amqp(task.app.conf.broker_url):
         raise ConfigurationError(
             f"conventions_backpressure[{queue!r}]['max_age']: RabbitMQ does not tell a "
             "queue's oldest message's age (a passive queue.declare gives depth and "

@@ -45,6 +45,7 @@ import redis
 from kombu import Connection
 
 from conventions.config import sentinel
+from conventions.config.profile import is_amqp
 from conventions.jobs import routing
 from conventions.tracing import headers as hdr
 
@@ -243,8 +244,6 @@ class BrokerQueues:
         return QueueState(queue, depth, wall - first[1], "seen")
 
 
-#: the broker URL schemes read through AMQP
-AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 #: why the oldest job's age is unknown on RabbitMQ
 AMQP_AGE_NOTE = (
     "RabbitMQ's queue.declare gives no message's age (the management API or a peek "
@@ -265,11 +264,6 @@ class Reader(Protocol):
     def __enter__(self) -> Reader: ...
 
     def __exit__(self, *_: object) -> None: ...
-
-
-def is_amqp(url: Any) -> bool:
-    """Is ``url`` (the first of a ``;``-separated list) a RabbitMQ one?"""
-    return str(url or "").split(";")[0].split("://", 1)[0] in AMQP_SCHEMES
 
 
 def declared(connection: Connection, queue: str) -> tuple[int, int] | None:
