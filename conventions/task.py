@@ -93,7 +93,7 @@ class ConventionTask(Task):  # type: ignore[misc]
     uses: ClassVar[tuple[str, ...]] = ()
     #: past a backpressure bound: "raise" QueueOverCapacity, or "shed" the job
     overflow: ClassVar[str] = "raise"
-    #: Celery's STARTED write may wait for the claim (:mod:`conventions.transport.results`)
+    #: Celery's STARTED write may wait for the claim (:mod:`conventions.results.redis`)
     rides_results: ClassVar[bool] = True
 
     # -- helpers ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ that attribute).
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,7 +26,10 @@ def __getattr__(name: str) -> Any:
     if name in _WORKER:
         from tasks import celery
 
-        return getattr(celery, name)
+        # the job modules register their bodies on the app: Celery imports them (the
+        # app's ``include=``), as a worker does at start, for every user of ``tasks.app``
+        celery.app.loader.import_default_modules()
+        return celery.app if name == "app" else importlib.import_module(f"tasks.{name}")
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")
 
 

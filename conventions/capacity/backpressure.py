@@ -172,7 +172,7 @@ def _age(raw: bytes) -> float | None:
 gauge = Gauge()
 
 
-def queue_of(task: JobTask, options: Mapping[str, Any]) -> str | None:
+def publish_queue(task: JobTask, options: Mapping[str, Any]) -> str | None:
     """The queue a publish goes to: ``queue=`` when given, else the workload's queue."""
     queue = options.get("queue")
     if queue is not None:
@@ -200,7 +200,7 @@ def check(task: JobTask, options: Mapping[str, Any]) -> Refusal | None:
     """Why a publish of ``task`` must not go on now, or None (always None when the
     task's queue has no bound: one dict lookup)."""
     bounds = task.settings.backpressure
-    queue = queue_of(task, options) if bounds else None
+    queue = publish_queue(task, options) if bounds else None
     bound = bounds.get(queue) if queue is not None else None
     if bound is None or queue is None:
         return None

@@ -115,7 +115,7 @@ def queues_command(app: Any, as_json: bool, watch: bool, interval: float, count:
             now, flows = time.monotonic(), _flows(app.store.counters(), task_queues)
             rates = _rates(previous, (now, flows))
             previous = (now, flows)
-            held = pauses.paused(app, [state.queue for state in states])
+            held = pauses.QUEUES.get_many(app.store, [state.queue for state in states])
             rows = [
                 _row(state, slos, rates) | {"paused": held.get(state.queue)} for state in states
             ]

@@ -70,7 +70,7 @@ def list_command(app: Any, as_json: bool) -> int:
                 "overlap": entry.overlap,
                 "next": upcoming.label,
                 "last_success": success.get("occurrence"),
-                "paused": pauses.paused(app.store, entry.name),
+                "paused": pauses.ENTRIES.get(app.store, entry.name),
             }
         )
     if as_json:

@@ -55,9 +55,9 @@ INBOX_TRANSPORT = "conventions.transport.redis:Transport"
 #: the dead-lettering consumer: a message nobody can run is kept, never only logged
 CONSUMER = "conventions.worker.consumer:Consumer"
 #: the result backend class a ``redis://`` result URL goes through
-RESULT_BACKEND = "conventions.transport.results:RedisBackend"
+RESULT_BACKEND = "conventions.results.redis:RedisBackend"
 #: ... and a ``sentinel://`` one (Celery's Sentinel backend, the layer's writes riding)
-SENTINEL_RESULT_BACKEND = "conventions.transport.results:SentinelBackend"
+SENTINEL_RESULT_BACKEND = "conventions.results.redis:SentinelBackend"
 REDIS_SCHEMES = ("redis", "rediss")
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 JSON = ["json"]
@@ -106,6 +106,17 @@ def is_redis(url: Any) -> bool:
 def is_amqp(url: Any) -> bool:
     """RabbitMQ through py-amqp (``amqp://``, ``amqps://``, ``pyamqp://``)."""
     return isinstance(url, str) and urlsplit(url.split(";")[0]).scheme in AMQP_SCHEMES
+
+
+def broker_kind(url: Any) -> str:
+    """``redis`` (Redis, Sentinel, a Unix socket), ``amqp`` (RabbitMQ through py-amqp),
+    or the URL's scheme (``filesystem``, ``memory``; ``unknown`` when there is none): the
+    one test of a broker's kind, for the doctor, the views and the profile."""
+    if is_redis(url) or (isinstance(url, str) and urlsplit(url).scheme == "redis+socket"):
+        return "redis"
+    if is_amqp(url):
+        return "amqp"
+    return (urlsplit(url).scheme if isinstance(url, str) else "") or "unknown"
 
 
 def names_layer_transport(found: Any) -> bool:

@@ -46,6 +46,14 @@ def queues_for(
     )
 
 
+def routed_queue(app: Any, task: Any) -> str:
+    """The queue Celery's router sends ``task`` to (its routes, then the default queue);
+    raises ``QueueNotFound`` for an undeclared one."""
+    route = app.amqp.router.route({}, task.name, (), {}, task_type=task)
+    queue = route.get("queue")
+    return str(getattr(queue, "name", queue))
+
+
 class WorkloadRouter:
     """A Celery router: sends each convention task to its workload's queue.
 

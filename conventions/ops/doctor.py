@@ -32,6 +32,7 @@ from celery.exceptions import QueueNotFound
 
 from conventions.config import profile, sentinel
 from conventions.config import settings as settingslib
+from conventions.jobs import routing
 from conventions.ops import doctor_time
 from conventions.ops.doctor_time import (
     broker_kind,
@@ -50,7 +51,7 @@ logger = logging.getLogger("conventions.ops.doctor")
 __all__ = [
     "ERROR", "OFF", "WARNING", "Finding", "apply_levels", "audit_findings", "broker_kind",
     "consumer_timeout", "errors", "format_text", "layer_transport", "profile_findings",
-    "queue_of", "redis_servers", "static_checks", "user_tasks", "version_findings",
+    "redis_servers", "static_checks", "user_tasks", "version_findings",
     "visibility_timeout",
 ]  # fmt: skip
 
@@ -64,13 +65,6 @@ AUDIT_MEMORY_SHARE = 0.25
 def user_tasks(app: Any) -> list[Any]:
     """The app's tasks, Celery's own ``celery.*`` tasks left out."""
     return [t for name, t in sorted(app.tasks.items()) if not name.startswith("celery.")]
-
-
-def queue_of(app: Any, task: Any) -> str:
-    """The queue ``task`` is routed to; raises ``QueueNotFound`` for an undeclared one."""
-    route = app.amqp.router.route({}, task.name, (), {}, task_type=task)
-    queue = route.get("queue")
-    return str(getattr(queue, "name", queue))
 
 
 def static_checks(app: Any, *, server: bool = True) -> list[Finding]:
@@ -125,7 +119,7 @@ def profile_findings(conf: Any, skip: Iterable[str] = ()) -> Iterator[Finding]:
 def _task_checks(app: Any, task: Any) -> Iterator[Finding]:
     conf, name = app.conf, task.name
     try:
-        queue_of(app, task)
+        routing.routed_queue(app, task)
     except QueueNotFound as exc:
         yield Finding(
             ERROR, "route-undeclared-queue", name,

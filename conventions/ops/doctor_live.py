@@ -24,9 +24,10 @@ from celery.exceptions import QueueNotFound
 
 from conventions.config import settings as settingslib
 from conventions.config.profile import INBOX_TRANSPORT
+from conventions.jobs import routing
 from conventions.observability.queues import Held
 from conventions.ops import doctor, doctor_rabbitmq
-from conventions.ops.doctor import ERROR, WARNING, Finding, apply_levels, queue_of, user_tasks
+from conventions.ops.doctor import ERROR, WARNING, Finding, apply_levels, user_tasks
 
 #: seconds to wait for the workers' replies
 DEFAULT_TIMEOUT = 2.0
@@ -114,7 +115,7 @@ def routed(app: Any) -> dict[str, list[str]]:
     queues: dict[str, list[str]] = {}
     for task in user_tasks(app):
         try:
-            queues.setdefault(queue_of(app, task), []).append(task.name)
+            queues.setdefault(routing.routed_queue(app, task), []).append(task.name)
         except QueueNotFound:
             continue
     return queues
@@ -202,7 +203,8 @@ def _beat_findings(app: Any, consumed: set[str]) -> Iterator[Finding]:
         if queue is None:
             task = app.tasks.get(name)
             try:
-                queue = queue_of(app, task) if task is not None else app.conf.task_default_queue
+                default = app.conf.task_default_queue
+                queue = routing.routed_queue(app, task) if task is not None else default
             except QueueNotFound:
                 continue
         if queue not in consumed:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from conventions.config import profile
 from conventions.config import settings as settingslib
@@ -41,13 +40,9 @@ DEFAULT_FETCH_WAIT_MAX = 1.0
 
 
 def broker_kind(conf: Any) -> str:
-    """``redis``, ``amqp`` or the broker URL's scheme."""
-    scheme = urlsplit(str(conf.get("broker_url") or "")).scheme
-    if scheme in ("redis", "rediss", "sentinel", "redis+socket"):
-        return "redis"
-    if scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
-        return "amqp"
-    return scheme or "unknown"
+    """``redis``, ``amqp`` or the broker URL's scheme (see
+    :func:`conventions.config.profile.broker_kind`)."""
+    return profile.broker_kind(conf.get("broker_url"))
 
 
 def _options(conf: Any) -> Mapping[str, Any]:

@@ -16,12 +16,10 @@ document's workers, so that the resume reaches it too.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from conventions.observability import audit
-from conventions.tracing import headers as hdr
+from conventions.observability.pauses import Pauses
 
 logger = logging.getLogger("conventions.ops.pauses")
 
@@ -29,32 +27,12 @@ logger = logging.getLogger("conventions.ops.pauses")
 REPLY_TIMEOUT = 1.0
 
 
-def state_name(queue: str) -> str:
-    return f"queue:paused:{queue}"
-
-
-def correlation(queue: str) -> str:
-    """The story of a queue's pauses and resumes."""
-    return f"queue:{queue}"
-
-
-def paused(app: Any, queues: list[str]) -> dict[str, dict[str, Any]]:
-    """The pause documents of ``queues`` that are paused."""
-    out = {}
-    for queue in queues:
-        found = app.store.get_state(state_name(queue))
-        if found is not None:
-            out[queue] = found
-    return out
+#: the queues' pause records (``queue:paused:<name>``, audited under ``queue:<name>``)
+QUEUES = Pauses("queue")
 
 
 def _workers(replies: Any) -> list[str]:
     return sorted(name for reply in replies or [] for name in reply)
-
-
-def _audit(app: Any, event: str, queue: str, detail: dict[str, Any]) -> None:
-    headers = {hdr.CORRELATION: correlation(queue)}
-    audit.record(app.store, event, f"queue.{queue}", uuid.uuid4().hex, headers, detail=detail)
 
 
 def pause(app: Any, queue: str, *, actor: str, reason: str) -> dict[str, Any]:
@@ -67,14 +45,14 @@ def pause(app: Any, queue: str, *, actor: str, reason: str) -> dict[str, Any]:
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "workers": _workers(replies),
     }
-    app.store.put_state(state_name(queue), document, None)
-    _audit(app, "queue_paused", queue, document)
+    QUEUES.keep(app.store, queue, document)
+    QUEUES.audit(app.store, "queue_paused", f"queue.{queue}", queue, document)
     return document
 
 
 def resume(app: Any, queue: str, *, actor: str) -> list[str]:
     """Let the workers that were paused consume ``queue`` again; return their names."""
-    document = app.store.get_state(state_name(queue)) or {}
+    document = QUEUES.get(app.store, queue) or {}
     workers = [str(w) for w in document.get("workers", [])]
     answered: list[str] = []
     if workers:
@@ -82,8 +60,9 @@ def resume(app: Any, queue: str, *, actor: str) -> list[str]:
             queue, destination=workers, reply=True, timeout=REPLY_TIMEOUT
         )
         answered = _workers(replies)
-    app.store.delete_state(state_name(queue))
-    _audit(app, "queue_resumed", queue, {"actor": actor, "workers": answered})
+    QUEUES.drop(app.store, queue)
+    detail = {"actor": actor, "workers": answered}
+    QUEUES.audit(app.store, "queue_resumed", f"queue.{queue}", queue, detail)
     return answered
 
 
@@ -93,7 +72,7 @@ def at_start(app: Any, consumer: Any) -> list[str]:
     worker consuming, and says so)."""
     try:
         names = [q.name for q in consumer.task_consumer.queues] if consumer.task_consumer else []
-        held = paused(app, names)
+        held = QUEUES.get_many(app.store, names)
         for queue, document in held.items():
             consumer.call_soon(consumer.cancel_task_queue, queue)
             logger.warning(
@@ -101,7 +80,7 @@ def at_start(app: Any, consumer: Any) -> list[str]:
                 queue, document.get("actor"), document.get("at"), document.get("reason"),
             )  # fmt: skip
             workers = sorted({*document.get("workers", []), str(consumer.hostname)})
-            app.store.put_state(state_name(queue), {**document, "workers": workers}, None)
+            QUEUES.keep(app.store, queue, {**document, "workers": workers})
         return sorted(held)
     except Exception:
         logger.exception("could not read the paused queues: consuming every queue")

@@ -91,7 +91,7 @@ def send(
     (``.deduplicated``) and records ``deduplicated``. None, and nothing sent, while the
     entry is paused, unless ``manual`` (a trigger)."""
     task = _task_of(app, entry)
-    held = None if manual else pauses.paused(task.store, entry.name)
+    held = None if manual else pauses.ENTRIES.get(task.store, entry.name)
     if held is not None:
         logger.info(
             "%s %s: not sent, the entry is paused (by %s at %s: %s)",

@@ -12,32 +12,13 @@ under the correlation id ``schedule:<entry>``.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
-from conventions.observability import audit
+from conventions.observability.pauses import Pauses
 from conventions.schedules import entries as schedules
-from conventions.store.base import Store
-from conventions.tracing import headers as hdr
 
-
-def state_name(name: str) -> str:
-    return f"schedule:paused:{name}"
-
-
-def correlation(name: str) -> str:
-    """The story of an entry's pauses and resumes."""
-    return f"schedule:{name}"
-
-
-def paused(store: Store, name: str) -> dict[str, Any] | None:
-    """The pause record of entry ``name``, or None when it is not paused."""
-    return store.get_state(state_name(name))
-
-
-def _audit(app: Any, event: str, entry: schedules.Entry, detail: dict[str, Any]) -> None:
-    headers = {hdr.CORRELATION: correlation(entry.name), hdr.ACTOR: detail.get("actor")}
-    audit.record(app.store, event, entry.task, uuid.uuid4().hex, headers, detail=detail)
+#: the entries' pause records (``schedule:paused:<entry>``, audited under ``schedule:<entry>``)
+ENTRIES = Pauses("schedule")
 
 
 def pause(app: Any, name: str, *, actor: str, reason: str) -> dict[str, Any]:
@@ -52,8 +33,8 @@ def pause(app: Any, name: str, *, actor: str, reason: str) -> dict[str, Any]:
         "reason": reason.strip(),
         "at": schedules.now().isoformat(timespec="seconds"),
     }
-    app.store.put_state(state_name(name), document, None)
-    _audit(app, "schedule_paused", entry, document)
+    ENTRIES.keep(app.store, name, document)
+    ENTRIES.audit(app.store, "schedule_paused", entry.task, name, document)
     return document
 
 
@@ -61,9 +42,10 @@ def resume(app: Any, name: str, *, actor: str) -> bool:
     """Let beat send entry ``name`` again, from its next occurrence; False when it was
     not paused. The watchdog watches it from now on (no alarm for the paused time)."""
     entry = schedules.find(app, name)
-    was = paused(app.store, name)
+    was = ENTRIES.get(app.store, name)
     current = schedules.now()
-    app.store.delete_state(state_name(name))
+    ENTRIES.drop(app.store, name)
     app.store.put_state(f"schedule:watched:{name}", {"since": current.isoformat()}, None)
-    _audit(app, "schedule_resumed", entry, {"entry": name, "actor": actor, "paused": was})
+    detail = {"entry": name, "actor": actor, "paused": was}
+    ENTRIES.audit(app.store, "schedule_resumed", entry.task, name, detail)
     return was is not None

@@ -2,7 +2,7 @@
 
 With ``task_track_started``, Celery writes a job's STARTED state before its body and its
 SUCCESS after; the layer claims the key before the body and completes it after. On one
-Redis server those are four round trips where two do: :mod:`conventions.transport.results` hands
+Redis server those are four round trips where two do: :mod:`conventions.results.redis` hands
 the store Celery's write, and the store sends it in the same script as the claim or the
 completion.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 def with_result(script: str) -> str:
     """``script`` followed by a Celery result write, in one script
-    (:mod:`conventions.transport.results`): the ledger step and the result's ``SET`` and
+    (:mod:`conventions.results.redis`): the ledger step and the result's ``SET`` and
     ``PUBLISH`` (what Celery's Redis backend sends) in one round trip.
 
     Runs on the store's connection. KEYS[1] is the result key; ARGV[1..4] are the result,
@@ -51,7 +51,7 @@ return answer
 @dataclass(frozen=True)
 class ResultWrite:
     """A Celery result write that rides with a ledger step
-    (:mod:`conventions.transport.results`)."""
+    (:mod:`conventions.results.redis`)."""
 
     key: str
     value: str | bytes

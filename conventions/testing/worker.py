@@ -43,7 +43,7 @@ def real_worker(
         "broker_url": broker_url,
         "broker_read_url": None,
         "broker_write_url": None,
-        "result_backend": f"conventions.transport.results:RedisBackend+{store_url}",
+        "result_backend": f"conventions.results.redis:RedisBackend+{store_url}",
         "conventions_store_url": store_url,
         "conventions_doctor_levels": levels,
         "task_always_eager": False,

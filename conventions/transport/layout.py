@@ -39,7 +39,7 @@ INBOX = "_cc.inbox.{consumer}:{source}"
 PRIORITY_SEP = "\x06\x16"
 
 
-def queue_of(source: str) -> str:
+def queue_of_list(source: str) -> str:
     """The queue a list belongs to (a priority list's queue, or the list itself)."""
     return source.split(PRIORITY_SEP, 1)[0]
 
@@ -95,7 +95,7 @@ def in_inboxes_by_queue(client: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
     for source, length in zip(registry.values(), pipe.execute(), strict=True):
         if length:
-            counts[queue_of(source)] = counts.get(queue_of(source), 0) + int(length)
+            counts[queue_of_list(source)] = counts.get(queue_of_list(source), 0) + int(length)
     return counts
 
 

@@ -32,6 +32,7 @@ from conventions.jobs.payloads import Payload
 from conventions.observability import audit, queues
 from conventions.observability import deadletters as deadletter
 from conventions.observability.progress import PROGRESS_STATE
+from conventions.results import redis as results
 from conventions.schedules import overlap
 from conventions.store import keys
 from conventions.store.records import AuditEvent, Category, Claim, ClaimStatus
@@ -39,7 +40,6 @@ from conventions.tracing import headers as hdr
 from conventions.tracing import logs, scrubbing
 from conventions.tracing.context import Trace
 from conventions.tracing.headers import READY
-from conventions.transport import results
 from conventions.worker import signals
 from conventions.worker.exits import Exits
 from conventions.worker.job_context import JobContext
@@ -176,7 +176,7 @@ class Delivery(Exits):
             delivery_id += f":r{self.headers[hdr.RESUMED]}"
         # one round trip each for claim and complete, their audit events included, and
         # Celery's STARTED and SUCCESS writes with them when they can
-        # (conventions.transport.results)
+        # (conventions.results.redis)
         try:
             claim = results.claim(
                 task, key, self.owner, settings.lease, delivery_id,
@@ -250,7 +250,7 @@ class Delivery(Exits):
         logger.info("%s[%s]: key %s already done, body skipped", task.name, request.id, key)
 
     def succeeded(self, ctx: JobContext) -> None:
-        """Record the key done (see ``conventions.transport.results``). The lease keeper lets the
+        """Record the key done (see ``conventions.results.redis``). The lease keeper lets the
         claim go first (a renewal would race the completion), and holds it again while
         the completion waits for a store that does not answer."""
         task, key, owner = self.task, str(self.key), self.owner

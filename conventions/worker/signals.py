@@ -22,9 +22,9 @@ import contextvars
 from typing import Any
 
 from conventions.observability import alerts
+from conventions.results import redis as results
 from conventions.tracing import context, logs
 from conventions.tracing import headers as hdr
-from conventions.transport import results
 
 #: the request attribute that keeps the context token of the running delivery (a retry
 #: reuses the task id and may start in another thread before this one's postrun)
@@ -99,7 +99,7 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
 
 
 def on_postrun(task: Any = None, **_: Any) -> None:
-    """Settle what no result write took (:func:`conventions.transport.results.settle`), then unbind
+    """Settle what no result write took (:func:`conventions.results.redis.settle`), then unbind
     the context once Celery has logged the outcome."""
     try:
         results.settle()

@@ -2,7 +2,7 @@
 with the signatures it calls them with.
 
 ``conventions.transport.redis`` subclasses kombu's Redis channel and overrides or calls private
-members; ``conventions.transport.results`` overrides a private method of Celery's Redis backend.
+members; ``conventions.results.redis`` overrides a private method of Celery's Redis backend.
 A kombu or Celery release that renames one breaks every fetch (kombu 5.6 lacks
 ``_flush_brpop_reauth``: each fetch raised ``AttributeError``). A failure here names the
 member; upgrading kombu or Celery past the pinned range starts with this file.
@@ -62,7 +62,7 @@ METHODS: dict[tuple[str, str], str | None] = {
     # the poller hands the channel's queue cycle to these two
     ("kombu.utils.scheduling:round_robin_cycle", "consume"): "(self, n)",
     ("kombu.utils.scheduling:round_robin_cycle", "rotate"): "(self, last_used)",
-    # conventions.transport.results
+    # conventions.results.redis
     (CELERY_REDIS, "_set_with_state"): "(self, key, value, state)",
     (CELERY_REDIS, "_store_result"): (
         "(self, task_id, result, state, traceback=None, request=None, **kwargs)"

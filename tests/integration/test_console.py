@@ -356,13 +356,13 @@ def test_a_worker_starting_while_its_queue_is_paused_does_not_consume_it(
     from conventions.ops import pauses
 
     document = {"queue": "email", "actor": "olivia@ops", "at": "-", "reason": "outage"}
-    app.store.put_state(pauses.state_name("email"), {**document, "workers": []}, None)
+    app.store.put_state(pauses.QUEUES.record("email"), {**document, "workers": []}, None)
     with client(base_url, "olivia@ops", "operator") as http:
         token = token_of(http, "/queues")
         try:
             assert pauses.at_start(app, thread_worker.consumer) == ["email"]
             eventually(lambda: queues.consumers(app, 1.0).get("email", 0) == 0, "the cancel")
-            stored = app.store.get_state(pauses.state_name("email"))
+            stored = app.store.get_state(pauses.QUEUES.record("email"))
             assert stored is not None
             assert stored["workers"] == [thread_worker.consumer.hostname]
             story = uuid.uuid4().hex

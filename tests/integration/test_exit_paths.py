@@ -22,11 +22,11 @@ from celery.exceptions import Reject
 
 from conventions import Backoff, JobContext, PermanentError, TransientError
 from conventions.errors import ResumeLater, SkipJob
+from conventions.results import redis as results
+from conventions.results.redis import RedisBackend
 from conventions.store import RedisStore, SQLStore
 from conventions.store.records import Category, ClaimStatus
 from conventions.tracing import headers as hdr
-from conventions.transport import results
-from conventions.transport.results import RedisBackend
 from tasks import app
 from tests.conftest import BROKER_DB, PG_BASE, REDIS_BASE, STORE_DB
 from tests.fixtures import unavailable

@@ -54,7 +54,7 @@ def _inbox(client: redis.Redis, consumer: str, source: str, count: int) -> None:
     inbox = layout.INBOX.format(consumer=consumer, source=source)
     client.hset(layout.INBOXES, inbox, source)
     for _ in range(count):
-        client.lpush(inbox, _message(layout.queue_of(source)))
+        client.lpush(inbox, _message(layout.queue_of_list(source)))
 
 
 def _in_flight(client: redis.Redis, queue: str, count: int) -> None:

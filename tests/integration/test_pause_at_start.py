@@ -32,7 +32,7 @@ def test_a_worker_started_while_its_queue_is_paused_takes_nothing_until_resumed(
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
     paused_by = {"queue": "email", "actor": "olivia@ops", "at": "-", "reason": "outage"}
-    app.store.put_state(pauses.state_name("email"), {**paused_by, "workers": []}, None)
+    app.store.put_state(pauses.QUEUES.record("email"), {**paused_by, "workers": []}, None)
     try:
         worker = worker_process("late-joiner", "email", concurrency=1)
         hostname = f"late-joiner@{socket.gethostname()}"
@@ -41,7 +41,7 @@ def test_a_worker_started_while_its_queue_is_paused_takes_nothing_until_resumed(
         result = support_jobs.echo.delay(call_id=f"paused-{uuid.uuid4().hex[:8]}")
         time.sleep(2.0)  # a consuming worker runs it in milliseconds
         assert result.state == "PENDING"
-        stored = app.store.get_state(pauses.state_name("email"))
+        stored = app.store.get_state(pauses.QUEUES.record("email"))
         assert stored is not None and stored["workers"] == [hostname]
     finally:
         answered = pauses.resume(app, "email", actor="olivia@ops")

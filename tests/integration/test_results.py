@@ -1,4 +1,4 @@
-"""Celery's result writes riding the ledger's steps (``conventions.transport.results``).
+"""Celery's result writes riding the ledger's steps (``conventions.results.redis``).
 
 With the store and the result backend on one Redis server, a job's STARTED write goes
 out in its claim's script and its SUCCESS write in its completion's: Redis ``MONITOR``
@@ -17,11 +17,11 @@ import redis
 
 from conventions import bind
 from conventions.observability import audit
+from conventions.results import redis as results
 from conventions.store.records import ClaimStatus
 from conventions.store.redis import RedisStore
 from conventions.store.redis_results import ResultWrite
 from conventions.tracing import headers as hdr
-from conventions.transport import results
 from tasks import app
 from tests.conftest import BROKER_DB
 from tests.integration import support_jobs

@@ -71,7 +71,7 @@ def test_the_watchdog_raises_no_alarm_for_a_paused_entry(monkeypatch: pytest.Mon
 
     assert watchdog.check(app) == []  # its last occurrence never succeeded: paused, no alarm
 
-    app.store.delete_state(pauses.state_name("late-report"))  # the same entry, not paused
+    app.store.delete_state(pauses.ENTRIES.record("late-report"))  # the same entry, not paused
     alarms = watchdog.check(app)
     assert alarms and {alarm["schedule"] for alarm in alarms} == {"late-report"}
     pauses.pause(app, "late-report", actor="olivia@ops", reason="again")
@@ -91,4 +91,4 @@ def test_the_cli_pauses_and_resumes_an_entry(capsys: pytest.CaptureFixture[str])
     assert "paused_by=cli:ops" in capsys.readouterr().out
     assert main(["-A", "tasks", "schedule", "resume", "tick", "--actor", "cli:ops"]) == 0
     assert main(["-A", "tasks", "schedule", "resume", "tick"]) == 1
-    assert pauses.paused(app.store, "tick") is None
+    assert pauses.ENTRIES.get(app.store, "tick") is None

@@ -19,7 +19,7 @@ CORE_MODULES = (
     "conventions.store",
     "conventions.store.redis",
     "conventions.transport.redis",
-    "conventions.transport.results",
+    "conventions.results.redis",
     "conventions.worker.consumer",
     "conventions.worker.signals",
     "conventions.observability.alerts",

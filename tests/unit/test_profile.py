@@ -34,7 +34,7 @@ def test_the_profile_holds_the_whole_reliable_configuration() -> None:
     assert conf["task_acks_late"] is conf["task_reject_on_worker_lost"] is True
     assert conf["worker_prefetch_multiplier"] == 1
     assert conf["broker_transport"] == INBOX_TRANSPORT
-    assert conf["result_backend"] == f"conventions.transport.results:RedisBackend+{REDIS}"
+    assert conf["result_backend"] == f"conventions.results.redis:RedisBackend+{REDIS}"
     assert conf["result_backend_always_retry"] is True
     assert conf["worker_send_task_events"] is conf["task_send_sent_event"] is True
     assert conf["worker_soft_shutdown_timeout"] > 0

@@ -139,7 +139,7 @@ def test_reliable_gives_a_sentinel_broker_the_layers_transport_and_the_redis_pro
     options = conf["broker_transport_options"]
     assert (options["master_name"], options["min_replicas"]) == ("ccmaster", 1)
     assert options["recovery_timeout"] == 30.0 and options["socket_timeout"] == 5.0
-    assert conf["result_backend"] == f"conventions.transport.results:SentinelBackend+{SENTINELS}"
+    assert conf["result_backend"] == f"conventions.results.redis:SentinelBackend+{SENTINELS}"
     assert conf["result_backend_transport_options"]["master_name"] == "ccmaster"
     assert conf["result_backend_always_retry"] is True
     assert conf["worker_cancel_long_running_tasks_on_connection_loss"] is False
@@ -169,7 +169,7 @@ def test_the_doctor_says_what_a_sentinel_setup_misses_and_what_a_failover_loses(
     kept = {
         "broker_url": SENTINELS, "broker_transport": INBOX_TRANSPORT,
         "broker_transport_options": {"master_name": "m", "min_replicas": 1},
-        "result_backend": f"conventions.transport.results:SentinelBackend+{SENTINELS}",
+        "result_backend": f"conventions.results.redis:SentinelBackend+{SENTINELS}",
         "result_backend_transport_options": {"master_name": "m"},
         "conventions_store_url": f"{SENTINELS}?master_name=m&min_replicas=1",
     }  # fmt: skip

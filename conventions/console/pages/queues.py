@@ -45,7 +45,7 @@ def read(app: Any, rates: Rates) -> list[dict[str, Any]]:
         slos = exporter.slos(app, reader.queues)
     finally:
         reader.close()
-    held = pauses.paused(app, [state.queue for state in states])
+    held = pauses.QUEUES.get_many(app.store, [state.queue for state in states])
     flow = rates.sample(app)
     out = []
     for state in states:

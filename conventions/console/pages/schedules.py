@@ -61,7 +61,7 @@ def rows(app: Any) -> list[dict[str, Any]]:
                 "last_at": latest.isoformat() if latest else "",
                 "last_success": (success or {}).get("occurrence"),
                 "watchdog": _watch(app, entry, success),
-                "paused": pauses.paused(app.store, entry.name),
+                "paused": pauses.ENTRIES.get(app.store, entry.name),
             }
         )
     return out

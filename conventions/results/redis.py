@@ -4,7 +4,7 @@ With ``task_track_started``, Celery writes a job's STARTED state before the body
 SUCCESS after; the runner claims the key before the body and completes it after. On one
 Redis server that is four round trips where two do, and on this machine a round trip
 costs more than the layer's whole Python per job. Select this backend
-(``result_backend = "conventions.transport.results:RedisBackend+redis://..."``, as ``celeryconfig``
+(``result_backend = "conventions.results.redis:RedisBackend+redis://..."``, as ``celeryconfig``
 does) and, when the store is a :class:`~conventions.store.redis.RedisStore` on the same
 server (any database):
 
@@ -32,7 +32,7 @@ Anything else (another server, the SQL store, a plain Celery task) goes through 
 backend unchanged. The result documents, keys and expiry are Celery's own.
 
 On Redis Sentinel, :class:`SentinelBackend` (``result_backend =
-"conventions.transport.results:SentinelBackend+sentinel://a:26379/0;sentinel://b:26379/0"``
+"conventions.results.redis:SentinelBackend+sentinel://a:26379/0;sentinel://b:26379/0"``
 with ``result_backend_transport_options={"master_name": ...}``) is Celery's Sentinel
 backend with the same riding writes, when the store follows the same group
 (``sentinel://...?master_name=``): the claim and completion scripts, and the result
@@ -63,7 +63,7 @@ from conventions.store.records import AuditEvent, Claim
 from conventions.store.redis import RedisStore, database_of
 from conventions.store.redis_results import ResultWrite
 
-logger = logging.getLogger("conventions.transport.results")
+logger = logging.getLogger("conventions.results.redis")
 
 #: a task class attribute: its STARTED write may wait for its claim
 RIDES = "rides_results"
