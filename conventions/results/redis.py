@@ -147,6 +147,14 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
     """Celery's Redis backend that hands a convention job's STARTED and SUCCESS writes to
     the store's claim and completion (see the module)."""
 
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        """Subscribe to nothing at publish. Celery's backend subscribes to every job's
+        result channel as it is sent (and unsubscribes when it ends): two round trips
+        per ``.delay()``, for a result most callers never read. A caller that does
+        (``AsyncResult.get()``, ``then()``) subscribes at that moment, and Celery reads
+        the stored result right after subscribing (``on_wait_for_pending``), so a job
+        that finished before the ``get()`` is found all the same."""
+
     def _set_with_state(self, key: Any, value: Any, state: str) -> Any:
         if state == states.STARTED and self._hold_started(bytes_to_str(key), value):
             return None

@@ -73,6 +73,20 @@ def test_started_and_success_ride_the_claim_and_the_completion(call_id: str) -> 
     assert is_done(f"echo:{call_id}")
 
 
+def test_a_delay_subscribes_to_nothing_and_a_later_get_still_finds_the_result(
+    call_id: str, broker_redis: redis.Redis
+) -> None:
+    with Monitor() as monitor:
+        handle = support_jobs.echo.delay(call_id=call_id)
+        wait_for(lambda: broker_redis.exists(meta(handle.id)))  # ran and stored, unread
+        wait_for(lambda: monitor.top_level(meta(handle.id)))  # the monitor saw that far
+        before_get = monitor.top_level(meta(handle.id))
+        assert handle.get(timeout=30)["key"] == f"echo:{call_id}"
+    assert "SUBSCRIBE" not in before_get, before_get
+    # the get subscribed (for a job still running) and read what was already stored
+    assert "SUBSCRIBE" in monitor.top_level(meta(handle.id))
+
+
 def test_a_job_whose_result_is_ignored_completes_on_its_own(
     call_id: str, broker_redis: redis.Redis
 ) -> None:
