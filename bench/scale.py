@@ -48,8 +48,9 @@ class Phase:
     seconds: float
     #: Redis commands per job, those run inside scripts included
     redis_commands: float
-    #: Redis round trips per job: commands sent by a client (a script is one), counted by
-    #: ``MONITOR`` in a second, smaller pass (MONITOR's own cost stays out of the CPU)
+    #: Redis round trips per job: commands sent by a client (a script is one, a MULTI/EXEC
+    #: pipeline is one), counted by ``MONITOR`` in a second, smaller pass (MONITOR's own
+    #: cost stays out of the CPU)
     redis_trips: float | None
     #: Redis CPU (user + system) per job, microseconds
     redis_cpu_us: float
@@ -174,12 +175,23 @@ class Trips:
         self._thread.join(5)
 
     def _run(self) -> None:
+        in_transaction: set[tuple[Any, Any]] = set()  # clients between MULTI and EXEC
         with self.client.monitor() as monitor:
             for command in monitor.listen():
                 if self._stop:
                     return
                 name = str(command.get("command", "")).split(" ", 1)[0].lower()
-                if command.get("client_type") != "lua" and name != "info":
+                if command.get("client_type") == "lua" or name == "info":
+                    continue
+                # a MULTI ... EXEC pipeline is written at once: one trip, counted as its
+                # EXEC (MONITOR shows each command of it, MULTI too)
+                client = (command.get("client_address"), command.get("client_port"))
+                if name == "multi":
+                    in_transaction.add(client)
+                elif name in ("exec", "discard"):
+                    in_transaction.discard(client)
+                    self.count["exec"] += 1
+                elif client not in in_transaction:
                     self.count[name] += 1
 
     def take(self) -> collections.Counter[str]:

@@ -74,6 +74,8 @@ COMPLETION_PATIENCE = 60.0
 #: the first and the longest pause between two tries (seconds)
 PAUSES = (0.05, 2.0)
 
+#: what ``_set_with_state(..., riding_only=True)`` answers for a write no script took
+_NOT_RIDDEN = object()
 _local = threading.local()  # per worker thread (per greenlet when patched)
 T = TypeVar("T")
 
@@ -155,7 +157,9 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         the stored result right after subscribing (``on_wait_for_pending``), so a job
         that finished before the ``get()`` is found all the same."""
 
-    def _set_with_state(self, key: Any, value: Any, state: str) -> Any:
+    def _set_with_state(self, key: Any, value: Any, state: str, riding_only: bool = False) -> Any:
+        """Hand a STARTED or SUCCESS write to the ledger script it rides; else Celery's
+        write (or, with ``riding_only``, :data:`_NOT_RIDDEN` and no write)."""
         if state == states.STARTED and self._hold_started(bytes_to_str(key), value):
             return None
         pending: _Completion | None = getattr(_local, "completion", None)
@@ -170,6 +174,8 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
             _local.completion = None
             pending.let_go()
             return None
+        if riding_only:
+            return _NOT_RIDDEN
         return super()._set_with_state(key, value, state)
 
     def _store_result(
@@ -184,9 +190,10 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
             # a rejected 20 MB message's kwargs are not stored whole (result_extended)
             request = CappedRequest(request)
         held: _Completion | None = getattr(_local, "completion", None)
-        write = partial(
-            super()._store_result, task_id, result, state, traceback, request=request, **kwargs
-        )
+        store = super()._store_result
+        if self._rides(task_id, state, held):
+            store = self._store_riding  # the script keeps Celery's rule: no GET first
+        write = partial(store, task_id, result, state, traceback, request=request, **kwargs)
         if state != states.SUCCESS or held is None or self.always_retry:
             return write()
         pending: _Completion = held
@@ -204,6 +211,32 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
                 pending.let_go()
                 pending.give_back()
             raise
+
+    def _rides(self, task_id: str, state: str, held: _Completion | None) -> bool:
+        """Will this write go out inside a ledger script (:meth:`_set_with_state`)?"""
+        if state == states.SUCCESS:
+            return held is not None and held.result_key == self.result_key(task_id)
+        if state != states.STARTED:
+            return False
+        task = get_current_task()
+        return bool(task is not None and getattr(task, RIDES, False) and task.request.id == task_id)
+
+    def _store_riding(
+        self, task_id: str, result: Any, state: str, traceback: Any = None,
+        request: Any = None, **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        """Celery's ``_store_result`` without its read of the stored state: the ledger
+        script the write rides does that read (``with_result``). A write that does not
+        ride after all (:meth:`_set_with_state` decides) is Celery's own, read included."""
+        meta = self._get_result_meta(result=result, state=state, traceback=traceback,
+                                     request=request)  # fmt: skip
+        meta["task_id"] = bytes_to_str(task_id)
+        key, value = self.get_key_for_task(task_id), self.encode(meta)
+        if self._set_with_state(key, value, state, riding_only=True) is _NOT_RIDDEN:
+            return super()._store_result(
+                task_id, result, state, traceback, request=request, **kwargs
+            )
+        return result
 
     def write(self, key: Any, value: Any) -> ResultWrite:
         ttl = int(self.expires) if self.expires else None

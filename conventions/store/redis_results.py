@@ -16,7 +16,9 @@ from typing import Any
 def with_result(script: str) -> str:
     """``script`` followed by a Celery result write, in one script
     (:mod:`conventions.results.redis`): the ledger step and the result's ``SET`` and
-    ``PUBLISH`` (what Celery's Redis backend sends) in one round trip.
+    ``PUBLISH`` (what Celery's Redis backend sends) in one round trip. As Celery's
+    backend does (with a ``GET`` before each write), a stored SUCCESS is never
+    overwritten; here the script reads it, so the write costs no round trip of its own.
 
     Runs on the store's connection. KEYS[1] is the result key; ARGV[1..4] are the result,
     its ttl in seconds ('' for none), the store's database and the results' (``SELECT``
@@ -36,12 +38,19 @@ local answer = (function()
         + """
 end)()
 if results_db ~= store_db then redis.call('SELECT', results_db) end
-if result_ttl == '' then
-  redis.call('SET', result_key, result)
-else
-  redis.call('SET', result_key, result, 'EX', result_ttl)
+-- Celery's rule, kept here instead of a read before the write: a SUCCESS is never
+-- overwritten (a late STARTED of a redelivered copy, say)
+local current = redis.call('GET', result_key)
+local readable, meta = false, nil
+if current then readable, meta = pcall(cjson.decode, current) end
+if not (readable and type(meta) == 'table' and meta['status'] == 'SUCCESS') then
+  if result_ttl == '' then
+    redis.call('SET', result_key, result)
+  else
+    redis.call('SET', result_key, result, 'EX', result_ttl)
+  end
+  redis.call('PUBLISH', result_key, result)
 end
-redis.call('PUBLISH', result_key, result)
 if results_db ~= store_db then redis.call('SELECT', store_db) end
 return answer
 """

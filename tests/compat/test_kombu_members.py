@@ -68,6 +68,9 @@ METHODS: dict[tuple[str, str], str | None] = {
         "(self, task_id, result, state, traceback=None, request=None, **kwargs)"
     ),
     (CELERY_REDIS, "get_key_for_task"): "(self, task_id, key='')",
+    (CELERY_REDIS, "_get_result_meta"): (
+        "(self, result, state, traceback, request, format_date=True, encode=False)"
+    ),
     (CELERY_REDIS, "_MAX_STR_VALUE_SIZE"): None,
     ("celery._state", "get_current_task"): "()",
     # conventions.transport.redis on Sentinel (SentinelChannel, no URL switching) and

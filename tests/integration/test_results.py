@@ -68,12 +68,15 @@ def test_started_and_success_ride_the_claim_and_the_completion(call_id: str) -> 
         "EVALSHA",
         "EVALSHA",
     ], sent
-    assert sorted(monitor.scripted(meta(handle.id))) == ["PUBLISH", "PUBLISH", "SET", "SET"]
+    # each script reads the stored state (a SUCCESS is never overwritten), then writes
+    assert sorted(monitor.scripted(meta(handle.id))) == [
+        "GET", "GET", "PUBLISH", "PUBLISH", "SET", "SET"
+    ]  # fmt: skip
     assert events(correlation) == ["published", "started", "succeeded"]
     assert is_done(f"echo:{call_id}")
 
 
-def test_a_delay_subscribes_to_nothing_and_a_later_get_still_finds_the_result(
+def test_neither_the_delay_nor_the_worker_reads_or_subscribes_and_a_later_get_finds_it(
     call_id: str, broker_redis: redis.Redis
 ) -> None:
     with Monitor() as monitor:
@@ -82,9 +85,26 @@ def test_a_delay_subscribes_to_nothing_and_a_later_get_still_finds_the_result(
         wait_for(lambda: monitor.top_level(meta(handle.id)))  # the monitor saw that far
         before_get = monitor.top_level(meta(handle.id))
         assert handle.get(timeout=30)["key"] == f"echo:{call_id}"
+    # no subscription at publish; no read before each write in the worker (the scripts
+    # that carry the writes read the stored state themselves)
     assert "SUBSCRIBE" not in before_get, before_get
+    assert "GET" not in before_get, before_get
     # the get subscribed (for a job still running) and read what was already stored
     assert "SUBSCRIBE" in monitor.top_level(meta(handle.id))
+
+
+def test_a_riding_started_write_never_overwrites_a_stored_success(
+    call_id: str, broker_redis: redis.Redis
+) -> None:
+    handle = support_jobs.echo.delay(call_id=call_id)
+    assert handle.get(timeout=30)["key"] == f"echo:{call_id}"
+    stored = broker_redis.get(meta(handle.id))
+    # a redelivered copy of the finished job: its claim carries a STARTED write
+    started = ResultWrite(meta(handle.id), '{"status": "STARTED"}', None, BROKER_DB)
+    key = f"testing.echo:echo:{call_id}"
+    claim = app.store.claim(key, "copy", 5, f"copy-{call_id}", result=started)
+    assert claim.status is ClaimStatus.DONE
+    assert broker_redis.get(meta(handle.id)) == stored
 
 
 def test_a_job_whose_result_is_ignored_completes_on_its_own(
