@@ -39,6 +39,10 @@ class ClaimStatus(StrEnum):
     HELD = "held"  #: a live execution holds the lease: defer, do not run, do not drop
 
 
+#: the compare-and-set tries of ``swap_replayed_at`` when a dead-letter record keeps
+#: changing under it while its ``replayed_at`` stays as seen (a new failure of its job)
+SWAP_TRIES = 5
+
 @dataclass(frozen=True)
 class Claim:
     """The ledger's answer to a claim."""

@@ -19,6 +19,7 @@ replicated primary), not Redis Cluster. :class:`RedisRecords` is a part of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ import redis
 from redis.commands.core import Script
 
 from conventions.store import counts, keys
-from conventions.store.records import AuditEvent, Category, DeadLetter
+from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter
 from conventions.store.redis_runs import RUN, RedisRuns
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
@@ -61,6 +62,15 @@ redis.call('HSET', KEYS[1], 'data', ARGV[2], 'indexes', ARGV[4])
 for i = 2, #KEYS do
   redis.call('ZADD', KEYS[i], ARGV[3], ARGV[1])
 end
+return 1
+"""
+
+#: KEYS: record. ARGV: the data it is expected to hold, the data to put instead. Returns 1
+#: when it held it (and now holds the new data), else 0: a compare-and-set of the whole
+#: record, so no field is re-encoded here.
+_SWAP_DEAD_LETTER = """
+if redis.call('HGET', KEYS[1], 'data') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'data', ARGV[2])
 return 1
 """
 
@@ -275,6 +285,7 @@ class RedisRecords(RedisRuns):
         """Register this part's scripts (run by ``EVALSHA``)."""
         register = self.client.register_script
         self._put_dead_letter = register(_PUT_DEAD_LETTER)
+        self._swap_dead_letter = register(_SWAP_DEAD_LETTER)
         self._delete_dead_letter = register(_DELETE_DEAD_LETTER)
         self._purge_dead_letters = register(_PURGE_DEAD_LETTERS)
         self._list_dead_letters = register(_LIST_DEAD_LETTERS)
@@ -298,6 +309,22 @@ class RedisRecords(RedisRuns):
     def get_dead_letter(self, record_id: str) -> DeadLetter | None:
         data = self.client.hget(keys.dead_letter(record_id, self.prefix), "data")
         return None if data is None else DeadLetter.from_dict(json.loads(cast(str, data)))
+
+    def swap_replayed_at(
+        self, record_id: str, seen: datetime | None, at: datetime | None
+    ) -> bool:
+        record = keys.dead_letter(record_id, self.prefix)
+        for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
+            raw = self.client.hget(record, "data")
+            if raw is None:
+                return False
+            found = DeadLetter.from_dict(json.loads(cast(str, raw)))
+            if found.replayed_at != seen:
+                return False
+            data = json.dumps(dataclasses.replace(found, replayed_at=at).to_dict())
+            if self._swap_dead_letter(keys=[record], args=[raw, data]):
+                return True
+        return False
 
     def list_dead_letters(
         self,
