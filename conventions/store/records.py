@@ -43,6 +43,7 @@ class ClaimStatus(StrEnum):
 #: changing under it while its ``replayed_at`` stays as seen (a new failure of its job)
 SWAP_TRIES = 5
 
+
 @dataclass(frozen=True)
 class Claim:
     """The ledger's answer to a claim."""

@@ -310,9 +310,7 @@ class RedisRecords(RedisRuns):
         data = self.client.hget(keys.dead_letter(record_id, self.prefix), "data")
         return None if data is None else DeadLetter.from_dict(json.loads(cast(str, data)))
 
-    def swap_replayed_at(
-        self, record_id: str, seen: datetime | None, at: datetime | None
-    ) -> bool:
+    def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
         record = keys.dead_letter(record_id, self.prefix)
         for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
             raw = self.client.hget(record, "data")

@@ -39,7 +39,6 @@ UNINDEXED_STATES = frozenset({"queued", "succeeded"})
 MAX_SCAN = 5000
 
 
-
 def _lua_rules() -> str:
     """The order of a run's states, in Lua, from the one Python source
     (:data:`conventions.store.runs.RANK` and ``FINAL_RANK``); the patch itself says

@@ -190,7 +190,7 @@ def order_of(doc: Mapping[str, Any]) -> list[int] | None:
     """A record's order: the one its last state move wrote, else its state's rank (a
     record written before runs had an order), else None (no state yet)."""
     held = doc.get("order")
-    if isinstance(held, list) and len(held) == 2:  # noqa: PLR2004
+    if isinstance(held, list) and len(held) == 2:
         return [int(held[0]), int(held[1])]
     rank = RANK.get(str(doc.get("state")))
     return None if rank is None else [rank, 0]

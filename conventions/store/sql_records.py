@@ -49,9 +49,7 @@ class SQLRecords(SQLRuns):
             data = conn.execute(sa.select(t.c.data).where(t.c.id == record_id)).scalar()
         return None if data is None else DeadLetter.from_dict(json.loads(data))
 
-    def swap_replayed_at(
-        self, record_id: str, seen: datetime | None, at: datetime | None
-    ) -> bool:
+    def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
         """A compare-and-set of the record's whole JSON text (``UPDATE ... WHERE data =
         <as read>``): no JSON function of either database, no lock held between reads."""
         t = self.dead_letters

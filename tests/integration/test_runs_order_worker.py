@@ -83,8 +83,10 @@ def test_a_published_event_written_after_a_real_worker_finished_leaves_the_run_s
     holder.execute(sa.insert(counts).values(name=f"published|{TASK}", value=0))
     published: list[Any] = []
     queues = [app.conf.task_default_queue]
-    with start_worker(app, pool="threads", concurrency=1, queues=queues,
-                      perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20):  # fmt: skip
+    with start_worker(
+        app, pool="threads", concurrency=1, queues=queues,
+        perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
+    ):  # fmt: skip
         publisher = threading.Thread(
             target=lambda: published.append(job.delay(item_id="i1")), daemon=True
         )

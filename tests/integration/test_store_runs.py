@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from conventions.observability import audit, runs
 from conventions.ops import retention
 from conventions.store import RedisStore, SQLStore, Store, keys, redis_runs
-from conventions.store.records import AuditEvent
 from conventions.store import runs as runs_store
+from conventions.store.records import AuditEvent
 from conventions.store.runs import MAX_ATTEMPTS, MAX_ERROR, Run
 from conventions.store.sql import make_engine
 from conventions.tracing import headers as hdr

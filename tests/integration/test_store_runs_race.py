@@ -47,9 +47,7 @@ def postgresql_store(shop_database: str) -> Iterator[SQLStore]:
 def _race(store: SQLStore, task_id: str) -> None:
     at = datetime(2026, 1, 1, 12, tzinfo=UTC)
     found = {hdr.CORRELATION: "c-race", hdr.IDEMPOTENCY_KEY: "charge:race"}
-    published = audit.event(
-        "published", TASK, task_id, {**found, hdr.ACTOR: "ops:ann"}, at=at
-    )
+    published = audit.event("published", TASK, task_id, {**found, hdr.ACTOR: "ops:ann"}, at=at)
     started = audit.event("started", TASK, task_id, found, attempt=1,
                           at=at + timedelta(seconds=1))  # fmt: skip
     assert started.run is not None
