@@ -19,7 +19,6 @@ replicated primary), not Redis Cluster. :class:`RedisRecords` is a part of
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from datetime import UTC, datetime
@@ -29,7 +28,7 @@ import redis
 from redis.commands.core import Script
 
 from conventions.store import counts, keys
-from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter
+from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.redis_runs import RUN, RedisRuns
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
@@ -313,13 +312,10 @@ class RedisRecords(RedisRuns):
     def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
         record = keys.dead_letter(record_id, self.prefix)
         for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
-            raw = self.client.hget(record, "data")
-            if raw is None:
+            raw = cast("str | None", self.client.hget(record, "data")) or ""
+            data = replayed_copy(raw, seen, at) if raw else None
+            if data is None:
                 return False
-            found = DeadLetter.from_dict(json.loads(cast(str, raw)))
-            if found.replayed_at != seen:
-                return False
-            data = json.dumps(dataclasses.replace(found, replayed_at=at).to_dict())
             if self._swap_dead_letter(keys=[record], args=[raw, data]):
                 return True
         return False

@@ -6,7 +6,6 @@ each method is one short transaction; purges go in bounded batches.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from datetime import datetime
 
@@ -19,7 +18,7 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store import counts
-from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter
+from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.sql_runs import SQLRuns
 
 
@@ -56,12 +55,9 @@ class SQLRecords(SQLRuns):
         for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
             with self._read() as conn:
                 raw = conn.execute(sa.select(t.c.data).where(t.c.id == record_id)).scalar()
-            if raw is None:
+            data = None if raw is None else replayed_copy(raw, seen, at)
+            if data is None:
                 return False
-            found = DeadLetter.from_dict(json.loads(raw))
-            if found.replayed_at != seen:
-                return False
-            data = json.dumps(dataclasses.replace(found, replayed_at=at).to_dict())
             with self.engine.begin() as conn:
                 swapped = conn.execute(
                     sa.update(t).where(t.c.id == record_id, t.c.data == raw).values(data=data)
