@@ -10,12 +10,23 @@ Refused, with a message that says what to do: an empty reason, a task declared
 ``replayable=False`` (it moves money, say) or a record already replayed, unless forced.
 A replay whose idempotency key is still reserved by a live job is reported as
 ``deduplicated`` and the record is left unmarked.
+
+Two operators (two console tabs, a CLI loop and the console) may replay one record at
+once, and a job published without an enqueue reservation (``dedup=None``) has nothing
+else to stop the second publish. So a replay first *claims* its record: it sets
+``replayed_at`` with a compare-and-set in the store (``Store.swap_replayed_at``, from the
+value it read), and only the replay that won publishes; the other is refused as already
+replayed. A replay whose publish fails (the broker unreachable) or is deduplicated gives
+the claim back, so the record reads as before and a later replay proceeds; a replay that
+dies between its claim and its publish leaves the record marked with no ``replayed``
+event in the audit trail (replay it with force).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
@@ -27,6 +38,9 @@ from conventions.tracing import headers as hdr
 
 if TYPE_CHECKING:
     from conventions.app import App
+    from conventions.store.base import Store
+
+logger = logging.getLogger(__name__)
 
 
 class ReplayRefused(PermissionError):
@@ -84,28 +98,22 @@ def replay(
             "replay with force"
         )
     if record.replayed_at is not None and not force:
-        raise ReplayRefused(
-            f"dead letter {record.id} was already replayed at "
-            f"{record.replayed_at.isoformat(timespec='seconds')}: replay with force to "
-            "publish it once more"
-        )
-    correlation = record.correlation_id or record.headers.get(hdr.CORRELATION)
-    headers: dict[str, str] = {
-        hdr.REPLAY_OF: record.id,
-        hdr.CAUSATION: f"replay:{record.id}",
-        hdr.ACTOR: actor,
-    }
-    if correlation:
-        headers[hdr.CORRELATION] = str(correlation)
-    for name in (hdr.SCHEDULE, hdr.OCCURRENCE):  # a beat key stays the job's key
-        if isinstance(record.headers.get(name), str):
-            headers[name] = record.headers[name]
-    result: AsyncResult[Any] = task.apply_async(
-        kwargs=record.payload, idempotency_key=record.idempotency_key, headers=headers
-    )
+        raise _already(record.id, record.replayed_at)
+    claimed = utcnow()
+    if not store.swap_replayed_at(record.id, record.replayed_at, claimed):
+        now = store.get_dead_letter(record.id)
+        if now is None:
+            raise LookupError(f"no dead letter with id {record_id!r}")
+        raise _already(record.id, now.replayed_at or claimed, "another replay")
+    try:
+        result = _publish(task, record, actor)
+    except BaseException:
+        _give_back(store, record, claimed)
+        raise
     if getattr(result, "deduplicated", False):
+        _give_back(store, record, claimed)
         return result
-    store.put_dead_letter(dataclasses.replace(record, replayed_at=utcnow()))
+    headers = _headers(record, actor)
     if record.idempotency_key:
         headers[hdr.IDEMPOTENCY_KEY] = record.idempotency_key
     audit.record(
@@ -123,6 +131,46 @@ def replay(
         },
     )
     return result
+
+
+def _already(record_id: str, at: datetime, by: str = "") -> ReplayRefused:
+    who = f" by {by}" if by else ""
+    return ReplayRefused(
+        f"dead letter {record_id} was already replayed{who} at "
+        f"{at.isoformat(timespec='seconds')}: replay with force to publish it once more"
+    )
+
+
+def _give_back(store: Store, record: DeadLetter, claimed: datetime) -> None:
+    """Undo this replay's claim (best effort: a store that fails here leaves the record
+    marked, and the failure is logged)."""
+    try:
+        store.swap_replayed_at(record.id, claimed, record.replayed_at)
+    except Exception:
+        logger.exception("dead letter %s: the replay's claim could not be given back", record.id)
+
+
+def _headers(record: DeadLetter, actor: str) -> dict[str, str]:
+    correlation = record.correlation_id or record.headers.get(hdr.CORRELATION)
+    headers: dict[str, str] = {
+        hdr.REPLAY_OF: record.id,
+        hdr.CAUSATION: f"replay:{record.id}",
+        hdr.ACTOR: actor,
+    }
+    if correlation:
+        headers[hdr.CORRELATION] = str(correlation)
+    for name in (hdr.SCHEDULE, hdr.OCCURRENCE):  # a beat key stays the job's key
+        if isinstance(record.headers.get(name), str):
+            headers[name] = record.headers[name]
+    return headers
+
+
+def _publish(task: ConventionTask, record: DeadLetter, actor: str) -> AsyncResult[Any]:
+    return task.apply_async(
+        kwargs=record.payload,
+        idempotency_key=record.idempotency_key,
+        headers=_headers(record, actor),
+    )
 
 
 def replay_many(

@@ -146,6 +146,13 @@ class Store(Protocol):
 
     def get_dead_letter(self, record_id: str) -> DeadLetter | None: ...
 
+    def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
+        """Set the record's ``replayed_at`` to ``at`` if it is still ``seen``, atomically
+        (compare-and-set): False when another replay changed it first or the record is
+        gone. A replay claims its record this way before it publishes, and gives the
+        claim back (``seen`` its own ``at``) when the publish fails."""
+        ...
+
     def list_dead_letters(
         self,
         task: str | None = None,

@@ -7,6 +7,7 @@ both store backends (Redis keeps JSON, SQL keeps columns plus JSON) share one sh
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -37,6 +38,21 @@ class ClaimStatus(StrEnum):
     CLAIMED = "claimed"  #: this execution owns the key now: run the body
     DONE = "done"  #: the key already succeeded: skip the body
     HELD = "held"  #: a live execution holds the lease: defer, do not run, do not drop
+
+
+#: the compare-and-set tries of ``swap_replayed_at`` when a dead-letter record keeps
+#: changing under it while its ``replayed_at`` stays as seen (a new failure of its job)
+SWAP_TRIES = 5
+
+
+def replayed_copy(raw: str, seen: datetime | None, at: datetime | None) -> str | None:
+    """A dead letter's stored JSON ``raw`` with ``replayed_at`` set to ``at``, or None when
+    its ``replayed_at`` is no longer ``seen`` (the stores' compare-and-set: they write
+    the copy only where the record still holds ``raw``)."""
+    found = DeadLetter.from_dict(json.loads(raw))
+    if found.replayed_at != seen:
+        return None
+    return json.dumps(dataclasses.replace(found, replayed_at=at).to_dict())
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import redis
 from redis.commands.core import Script
 
 from conventions.store import counts, keys
-from conventions.store.records import AuditEvent, Category, DeadLetter
+from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.redis_runs import RUN, RedisRuns
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
@@ -61,6 +61,15 @@ redis.call('HSET', KEYS[1], 'data', ARGV[2], 'indexes', ARGV[4])
 for i = 2, #KEYS do
   redis.call('ZADD', KEYS[i], ARGV[3], ARGV[1])
 end
+return 1
+"""
+
+#: KEYS: record. ARGV: the data it is expected to hold, the data to put instead. Returns 1
+#: when it held it (and now holds the new data), else 0: a compare-and-set of the whole
+#: record, so no field is re-encoded here.
+_SWAP_DEAD_LETTER = """
+if redis.call('HGET', KEYS[1], 'data') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'data', ARGV[2])
 return 1
 """
 
@@ -275,6 +284,7 @@ class RedisRecords(RedisRuns):
         """Register this part's scripts (run by ``EVALSHA``)."""
         register = self.client.register_script
         self._put_dead_letter = register(_PUT_DEAD_LETTER)
+        self._swap_dead_letter = register(_SWAP_DEAD_LETTER)
         self._delete_dead_letter = register(_DELETE_DEAD_LETTER)
         self._purge_dead_letters = register(_PURGE_DEAD_LETTERS)
         self._list_dead_letters = register(_LIST_DEAD_LETTERS)
@@ -298,6 +308,17 @@ class RedisRecords(RedisRuns):
     def get_dead_letter(self, record_id: str) -> DeadLetter | None:
         data = self.client.hget(keys.dead_letter(record_id, self.prefix), "data")
         return None if data is None else DeadLetter.from_dict(json.loads(cast(str, data)))
+
+    def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
+        record = keys.dead_letter(record_id, self.prefix)
+        for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
+            raw = cast("str | None", self.client.hget(record, "data")) or ""
+            data = replayed_copy(raw, seen, at) if raw else None
+            if data is None:
+                return False
+            if self._swap_dead_letter(keys=[record], args=[raw, data]):
+                return True
+        return False
 
     def list_dead_letters(
         self,

@@ -38,13 +38,46 @@ UNINDEXED_STATES = frozenset({"queued", "succeeded"})
 #: the index it reads): a bound on the time Redis spends in it
 MAX_SCAN = 5000
 
+
+def _lua_rules() -> str:
+    """The order of a run's states, in Lua, from the one Python source
+    (:data:`conventions.store.runs.RANK` and ``FINAL_RANK``); the patch itself says
+    which fields move with the state (``move``)."""
+    ranks = ", ".join(f"{state} = {rank}" for state, rank in runs.RANK.items())
+    return f"""
+local RUN_RANK = {{{ranks}}}
+local RUN_FINAL = {runs.FINAL_RANK}
+"""
+
+
 #: Lua: ``record_run(raw)`` applies a run change (JSON: the patch of
 #: :func:`conventions.store.runs.patch` plus ``pre``, ``max``, ``max_logs`` and
-#: ``max_attempts``); the same rules as :func:`conventions.store.runs.merge`.
-RUN = """
+#: ``max_attempts``); the same rules as :func:`conventions.store.runs.merge` (the order
+#: table generated from :mod:`conventions.store.runs`; a test checks the two agree).
+RUN = (
+    _lua_rules()
+    + """
 local function run_list(value)
   if type(value) == 'table' and value[1] ~= nil then return value end
   return {}
+end
+
+-- runs.order_of and runs.moves: whether a change of this order moves the record's state
+local function run_order(doc)
+  local held = doc.order
+  if type(held) == 'table' and held[1] ~= nil and held[2] ~= nil then return held end
+  local rank = RUN_RANK[doc.state]
+  if rank == nil then return nil end
+  return {rank, 0}
+end
+
+local function run_moves(doc, order)
+  if type(order) ~= 'table' or order[1] == nil then return false end
+  local held = run_order(doc)
+  if held == nil then return true end
+  if held[1] >= RUN_FINAL then return false end
+  if order[1] ~= held[1] then return order[1] > held[1] end
+  return order[2] >= held[2]
 end
 
 -- a run's index entries, from its record: {index key, score or false (lex), member}
@@ -94,9 +127,20 @@ local function record_run(raw)
     doc = cjson.decode(found)
     had = run_entries(p.pre, doc)
   end
+  local created = doc.created_at
+  if run_moves(doc, p.order) then
+    for k, v in pairs(p.move or {}) do doc[k] = v end
+    doc.order = p.order
+  end
   for k, v in pairs(p.set) do doc[k] = v end
   for k, v in pairs(p.once) do
     if doc[k] == nil or doc[k] == '' or doc[k] == cjson.null then doc[k] = v end
+  end
+  for k, v in pairs(p.earliest or {}) do
+    if type(doc[k]) ~= 'number' or v < doc[k] then doc[k] = v end
+  end
+  for k, v in pairs(p.latest or {}) do
+    if type(doc[k]) ~= 'number' or v > doc[k] then doc[k] = v end
   end
   local attempts = run_list(doc.attempts)
   if p.attempt then
@@ -106,8 +150,12 @@ local function record_run(raw)
     end
     if step then
       for k, v in pairs(p.attempt) do step[k] = v end
-    else
-      attempts[#attempts + 1] = p.attempt
+    else  -- in attempt order, whatever order the events came in
+      local at = #attempts + 1
+      for i = 1, #attempts do
+        if (attempts[i].n or 0) > p.attempt.n then at = i break end
+      end
+      table.insert(attempts, at, p.attempt)
     end
     while #attempts > p.max_attempts do table.remove(attempts, 2) end
   end
@@ -119,8 +167,8 @@ local function record_run(raw)
   while #lines > p.max_logs do table.remove(lines, 1) end
   doc.logs = lines
   local wanted = run_entries(p.pre, doc)
-  for name, entry in pairs(wanted) do
-    if not had[name] then
+  for name, entry in pairs(wanted) do  -- again when an earlier event moved created_at
+    if not had[name] or (entry[2] and created ~= doc.created_at) then
       redis.call('ZADD', entry[1], entry[2] or 0, entry[3])
     end
   end
@@ -138,6 +186,7 @@ local function record_run(raw)
   end
 end
 """
+)
 
 #: KEYS: index. ARGV: record key prefix, min score, max score, limit, filters JSON, scan
 #: bound, lex prefix ('' for a sorted set by time). Newest first: the records passing

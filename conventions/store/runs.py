@@ -5,7 +5,17 @@ A run is never written on its own: each audit event carries a small *patch* of i
 as the event itself, so run history adds no round trip to a job. The patch says which
 fields to set, which to set only when still empty, and which attempt to open or close;
 :func:`merge` applies one (the SQL store's and the tests' form; the Redis store runs the
-same rules in Lua, :mod:`conventions.store.redis_runs`).
+same rules in Lua, :mod:`conventions.store.redis_runs`, generated from the tables here
+and checked against :func:`merge` by a test).
+
+Events do not arrive in order: on the two-step publish (the push, then ``published``) a
+fast worker's ``started`` and ``succeeded`` can land first, and a retry is pushed before
+its ``retried`` is written. So a run's states are ordered: each change carries its
+*order*, ``[rank of its state, attempt]`` (:data:`RANK`), and the state and the fields
+that go with it (:data:`MOVES_WITH_STATE`) move only when that order is not below the
+record's. A final state (rank :data:`FINAL_RANK`) is never left; within a rank the newer
+attempt wins, and the same attempt goes to the later writer (a deferral, then its start
+again). ``created_at`` keeps the earliest time seen, ``updated_at`` the latest.
 
 A record is bounded: :data:`MAX_ATTEMPTS` attempts (the first and the newest), errors of
 :data:`MAX_ERROR` characters, and the run's log lines (opted in per job) capped by the
@@ -34,6 +44,21 @@ MAX_ERROR = 500
 MAX_LINE = 500
 #: the fields a run is found by, besides time (``list_runs`` filters)
 FILTERS = ("task", "state", "key", "correlation_id", "queue")
+
+#: a state's rank: a run never moves to a state of a lower rank (a late ``published``
+#: cannot undo ``running``), nor leaves a final one; within a rank the newer attempt wins
+RANK: dict[str, int] = {
+    "queued": 0, "delayed": 0,
+    "running": 1, "retrying": 1, "deferred": 1,
+    "succeeded": 2, "skipped": 2, "dead_lettered": 2,
+}  # fmt: skip
+#: the rank of the final states (absorbing)
+FINAL_RANK = 2
+#: the fields that move only with the state (a change ranked below the record's leaves them)
+MOVES_WITH_STATE = ("state", "ended_at", "due", "category", "dead_letter_id")
+#: the time fields merged by their value, not their arrival: the earliest and the latest
+EARLIEST = ("created_at",)
+LATEST = ("updated_at",)
 
 #: audit event -> (state the run moves to or None, the attempt's outcome or None)
 _MOVES: dict[str, tuple[str | None, str | None]] = {
@@ -85,14 +110,13 @@ def patch(
         return None
     state, outcome = move
     when = posix(at)
-    sets: dict[str, Any] = {"updated_at": when, "task": task}
+    sets: dict[str, Any] = {"task": task}
     if event == "published" and detail.get("due"):  # a countdown or eta: it waits first
         state = "delayed"
         sets["due"] = str(detail["due"])
     if state is not None:
         sets["state"] = state
     first = {name: value for name, value in once.items() if value not in (None, "")}
-    first["created_at"] = when
     if event == "dead_lettered":
         sets["category"] = detail.get("category")
         sets["dead_letter_id"] = detail.get("dead_letter_id")
@@ -101,7 +125,14 @@ def patch(
         sets["replay_of"] = detail.get("replay_of_task_id")
     if state in FINAL:
         sets["ended_at"] = when
-    data: dict[str, Any] = {"id": task_id, "set": sets, "once": first}
+    moving = {name: sets.pop(name) for name in MOVES_WITH_STATE if name in sets}
+    data: dict[str, Any] = {
+        "id": task_id, "set": sets, "once": first,
+        "earliest": dict.fromkeys(EARLIEST, when), "latest": dict.fromkeys(LATEST, when),
+    }  # fmt: skip
+    if state is not None:
+        data["move"] = moving
+        data["order"] = [RANK[state], 0 if event == "published" else attempt]
     if attempt and event not in ("published", "replayed"):
         step: dict[str, Any] = {"n": attempt}
         if event == "started":
@@ -125,16 +156,26 @@ def merge(
     """``doc`` (a run record's JSON form, or None) with ``change`` (a :func:`patch`)
     applied: the rules the Redis script follows too."""
     merged: dict[str, Any] = dict(doc or {"id": change["id"]})
+    if moves(merged, change.get("order")):
+        merged.update(change.get("move", {}))
+        merged["order"] = list(change["order"])
     merged.update(change.get("set", {}))
     for name, value in change.get("once", {}).items():
         if merged.get(name) in (None, ""):
+            merged[name] = value
+    for name, value in change.get("earliest", {}).items():
+        if not isinstance(merged.get(name), int | float) or value < merged[name]:
+            merged[name] = value
+    for name, value in change.get("latest", {}).items():
+        if not isinstance(merged.get(name), int | float) or value > merged[name]:
             merged[name] = value
     attempts = [dict(item) for item in _list(merged.get("attempts"))]
     step = change.get("attempt")
     if step is not None:
         found = next((item for item in reversed(attempts) if item.get("n") == step["n"]), None)
-        if found is None:
-            attempts.append(dict(step))
+        if found is None:  # in attempt order, whatever order the events came in
+            at = next((i for i, item in enumerate(attempts) if item.get("n", 0) > step["n"]), None)
+            attempts.insert(len(attempts) if at is None else at, dict(step))
         else:
             found.update(step)
         if len(attempts) > MAX_ATTEMPTS:
@@ -143,6 +184,29 @@ def merge(
     lines = [*_list(merged.get("logs")), *change.get("logs", [])]
     merged["logs"] = lines[-max_logs:] if max_logs > 0 else []
     return merged
+
+
+def order_of(doc: Mapping[str, Any]) -> list[int] | None:
+    """A record's order: the one its last state move wrote, else its state's rank (a
+    record written before runs had an order), else None (no state yet)."""
+    held = doc.get("order")
+    if isinstance(held, list) and len(held) == 2:
+        return [int(held[0]), int(held[1])]
+    rank = RANK.get(str(doc.get("state")))
+    return None if rank is None else [rank, 0]
+
+
+def moves(doc: Mapping[str, Any], order: Any) -> bool:
+    """Whether a change of ``order`` moves ``doc``'s state: it has one, the record is
+    not final, and it is not below the record's order."""
+    if not isinstance(order, list | tuple):
+        return False
+    held = order_of(doc)
+    if held is None:
+        return True
+    if held[0] >= FINAL_RANK:
+        return False
+    return (int(order[0]), int(order[1])) >= (held[0], held[1])
 
 
 def _list(value: Any) -> list[Any]:

@@ -18,7 +18,7 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store import counts
-from conventions.store.records import AuditEvent, Category, DeadLetter
+from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.sql_runs import SQLRuns
 
 
@@ -47,6 +47,24 @@ class SQLRecords(SQLRuns):
         with self._read() as conn:
             data = conn.execute(sa.select(t.c.data).where(t.c.id == record_id)).scalar()
         return None if data is None else DeadLetter.from_dict(json.loads(data))
+
+    def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
+        """A compare-and-set of the record's whole JSON text (``UPDATE ... WHERE data =
+        <as read>``): no JSON function of either database, no lock held between reads."""
+        t = self.dead_letters
+        for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
+            with self._read() as conn:
+                raw = conn.execute(sa.select(t.c.data).where(t.c.id == record_id)).scalar()
+            data = None if raw is None else replayed_copy(raw, seen, at)
+            if data is None:
+                return False
+            with self.engine.begin() as conn:
+                swapped = conn.execute(
+                    sa.update(t).where(t.c.id == record_id, t.c.data == raw).values(data=data)
+                )
+            if swapped.rowcount == 1:
+                return True
+        return False
 
     def list_dead_letters(
         self,

@@ -3,7 +3,9 @@
 One row per run in ``{p}runs``: the fields it is found by as columns (indexed), the
 whole record as JSON. A row changes in the transaction of the audit event that carries
 the change (:meth:`SQLRuns._record_run`): the row is locked (``SELECT ... FOR UPDATE``
-on PostgreSQL; SQLite writes one at a time), merged (:func:`runs.merge`) and written.
+on PostgreSQL; SQLite writes one at a time), merged (:func:`runs.merge`) and written; a
+run's first event inserts with ``ON CONFLICT DO NOTHING`` and, when another first event
+won the insert, merges into that row, so two first events at once both land.
 Retention purges by creation time, in batches.
 """
 
@@ -11,12 +13,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 from conventions.config import extras
 from conventions.config.settings import RUNS_MAX_LOGS
 
 try:
     import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql, sqlite
 except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
@@ -57,29 +61,48 @@ class SQLRuns(SQLCoordination):
     runs_max_logs: int = RUNS_MAX_LOGS
 
     def _record_run(self, conn: sa.Connection, event: AuditEvent) -> None:
-        """Apply ``event``'s run change in the caller's transaction."""
+        """Apply ``event``'s run change in the caller's transaction.
+
+        The row is read locked (``FOR UPDATE`` on PostgreSQL; SQLite's writes take the
+        database lock at ``BEGIN IMMEDIATE``) and merged. A run's first event has no row
+        to lock: it inserts with ``ON CONFLICT DO NOTHING``, and when another
+        transaction's first event won that insert (PostgreSQL waits for it to commit),
+        reads the row it wrote, locked, and merges into it: no event is lost.
+        """
         change = event.run
         if change is None or not self.runs_enabled:
             return
+        found = self._locked_run(conn, change["id"])
+        if found is None:
+            doc = runs.merge(None, change, max_logs=self.runs_max_logs)
+            insert = (postgresql.insert if self._postgres else sqlite.insert)(self.runs)
+            row = {"id": change["id"], **self._run_row(doc)}
+            if conn.execute(insert.values(row).on_conflict_do_nothing()).rowcount == 1:
+                return
+            found = self._locked_run(conn, change["id"])  # another first event's row
+        if found is None:  # the winner's row went before we read it (a purge): not a race
+            raise RuntimeError(f"run {change['id']}: its row vanished between two statements")
+        doc = runs.merge(json.loads(found), change, max_logs=self.runs_max_logs)
         t = self.runs
-        query = sa.select(t.c.data).where(t.c.id == change["id"])
+        conn.execute(sa.update(t).where(t.c.id == change["id"]).values(self._run_row(doc)))
+
+    def _locked_run(self, conn: sa.Connection, run_id: str) -> str | None:
+        t = self.runs
+        query = sa.select(t.c.data).where(t.c.id == run_id)
         if self._postgres:
             query = query.with_for_update()
         found = conn.execute(query).scalar()
-        doc = runs.merge(
-            None if found is None else json.loads(found), change, max_logs=self.runs_max_logs
-        )
+        return None if found is None else str(found)
+
+    @staticmethod
+    def _run_row(doc: dict[str, Any]) -> dict[str, Any]:
+        """A record's columns: the fields it is found by, and the whole as JSON."""
         run = Run.from_doc(doc)
-        row = {
+        return {
             "task": run.task, "state": run.state, "queue": run.queue, "key": run.key,
             "correlation_id": run.correlation_id, "created_at": run.created_at,
             "updated_at": run.updated_at, "data": json.dumps(doc),
         }  # fmt: skip
-        if found is None:
-            inserted = self._upsert(t, {"id": run.id, **row}, where=None)
-            conn.execute(inserted)
-        else:
-            conn.execute(sa.update(t).where(t.c.id == run.id).values(row))
 
     def get_run(self, task_id: str) -> Run | None:
         t = self.runs

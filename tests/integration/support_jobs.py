@@ -11,6 +11,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
@@ -121,6 +122,24 @@ def stuck(payload: Call, ctx: JobContext) -> None:
             time.sleep(0.1)
         except SoftTimeLimitExceeded:
             continue
+
+
+@app.job("testing.probe.v1", payload=Call, key="probe:{call_id}", workload="heavy")
+def probe(payload: Call, ctx: JobContext) -> str:
+    """Runs on the heavy queue at once: the sign that a worker is still fetching."""
+    return payload.call_id
+
+
+def worker_had_its_chance(rounds: int = 2, timeout: float = 30) -> None:
+    """The positive signal a "nothing happened on queue X" check waits on: ``rounds``
+    probe jobs on the heavy queue, each published after the previous one ran, run by
+    the worker under test (it must read ``heavy`` besides the queue checked). After a
+    delivery, the layer's Redis transport sweeps every queue the consumer reads, so a job
+    published before the first probe on a queue it still read would have been taken
+    by the time the second probe ran."""
+    for n in range(rounds):
+        result = probe.delay(call_id=f"probe-{uuid.uuid4().hex[:8]}-{n}")
+        result.get(timeout=timeout)
 
 
 @app.job("testing.unstorable.v1", payload=Call, key="unstorable:{call_id}", workload="email")

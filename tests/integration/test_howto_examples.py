@@ -87,6 +87,21 @@ def test_the_flask_example_answers_202_with_a_run_id_and_echoes_the_correlation_
     )
     assert started.status_code == 202
     assert started.headers["X-Correlation-ID"] == "corr-flask"
-    polled = client.get(started.get_json()["poll"]).get_json()
-    assert polled["run_id"] == started.get_json()["run_id"]
-    assert polled["state"] in {"queued", "running", "succeeded"}
+    run_id, poll = started.get_json()["run_id"], started.get_json()["poll"]
+    polled = client.get(poll).get_json()
+    assert (polled["run_id"], polled["state"]) == (run_id, "queued")  # nobody reads heavy yet
+    from celery.contrib.testing.worker import start_worker
+
+    from tasks import app as tasks_app
+
+    with start_worker(
+        tasks_app, pool="threads", concurrency=1, queues=["heavy"],
+        perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
+    ):  # fmt: skip
+        done = wait_for(
+            lambda: (r := client.get(poll).get_json())["state"] in ("succeeded", "failed") and r,
+            60,
+        )
+    assert (done["state"], done["error"]) == ("succeeded", None)
+    run = tasks_app.store.get_run(run_id)
+    assert run is not None and (run.state, run.correlation_id) == ("succeeded", "corr-flask")

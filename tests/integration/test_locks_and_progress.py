@@ -6,17 +6,20 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
 import redis
 
+from conventions import bind
 from conventions.capacity.locks import lease_name, mutex
 from conventions.errors import LockBusy, TransientError
 from conventions.observability.progress import Checkpoint, Progress, read_progress
 from conventions.store import keys
 from tasks import app
 from tests.acceptance import support_lifecycle as jobs
+from tests.integration.helpers import wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 
@@ -116,9 +119,13 @@ def test_exclusive_jobs_of_one_customer_never_overlap_and_other_customers_run_al
 def test_a_mutex_from_code_and_an_exclusive_job_share_one_lock(
     thread_worker: Any, store_redis: redis.Redis
 ) -> None:
+    story = uuid.uuid4().hex
     with mutex(app.store, "customer:cus_c", ttl=5):
-        job = jobs.one_per_customer.delay(customer_id="cus_c", call_id="cus_c_locked")
-        time.sleep(1.0)
+        with bind(correlation_id=story):
+            job = jobs.one_per_customer.delay(customer_id="cus_c", call_id="cus_c_locked")
+        deferred = wait_for(lambda: [e for e in app.store.audit_for(story)
+                                     if e.event == "deferred"], timeout=20)  # fmt: skip
+        assert "exclusive lock" in deferred[0].detail["reason"]
         assert store_redis.llen(jobs.EXCLUSIVE_LOG) == 0  # deferred while the lock is held
     assert job.get(timeout=30) == "cus_c_locked"
 

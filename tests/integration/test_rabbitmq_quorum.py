@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from conventions.transport import amqp_queues
 from conventions.worker import poison_queue
 from tests.fixtures import unavailable
 from tests.integration import support_rabbit_quorum as q
+from tests.integration.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.integration.support_rabbit_quorum:app"
@@ -312,7 +314,9 @@ def test_a_pickle_in_the_poison_queue_is_kept_raw_never_unpickled(
     assert not tripwire.exists()
 
 
-def test_with_the_store_down_the_poison_message_is_not_acked(broker: None) -> None:
+def test_with_the_store_down_the_poison_message_is_not_acked(
+    broker: None, caplog: pytest.LogCaptureFixture
+) -> None:
     task_id = _past_the_delivery_limit(f"d{uuid.uuid4().hex[:8]}")
     down = type(q.app)("q26_store_down", set_as_current=False)
     down.conf.update({**q.app.conf, "conventions_store_url": "redis://127.0.0.1:1/0",
@@ -322,7 +326,9 @@ def test_with_the_store_down_the_poison_message_is_not_acked(broker: None) -> No
     # the worker's consumer holds it, unacked, while the store stays down ...
     consumer = poison_queue.PoisonQueueConsumer(down, "test")
     consumer.start()
-    time.sleep(2.5)
+    tried = f"poison queue: cannot record {task_id} yet"
+    with caplog.at_level(logging.WARNING, logger=poison_queue.__name__):
+        wait_for(lambda: caplog.text.count(tried) >= 2, timeout=20)  # it took it, tried twice
     assert _declared(q.POISON) == (0, 1) and consumer.acked == 0
     consumer.stop(timeout=15)
     assert not consumer.is_alive()
@@ -370,14 +376,15 @@ def test_a_countdown_waits_in_the_broker_and_runs_once_on_time(worker: Worker) -
     before = _in_delay_queues()
     sent = time.time()
     q.ran.apply_async(kwargs={"item_id": item}, countdown=3)
-    time.sleep(1.0)
-    assert _in_delay_queues() == before + 1  # in RabbitMQ's delay queues ...
+    wait_for(lambda: _in_delay_queues() == before + 1, timeout=5)  # in the delay queues ...
     scheduled = q.app.control.inspect(timeout=1.0).scheduled() or {}
     assert all(not jobs for jobs in scheduled.values())  # ... not in the worker's memory
-    deadline = time.monotonic() + 15
-    while not _ran(item) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)  # a second run would show by now
+    wait_for(lambda: _ran(item), timeout=15)
+    # a second copy would be in the queue before this probe, or still in the delay queues
+    probe = f"p{uuid.uuid4().hex[:8]}"
+    q.ran.delay(item_id=probe)
+    wait_for(lambda: _ran(probe), timeout=15)  # the worker (one slot) took all before it
+    assert _in_delay_queues() == before
     runs = _ran(item)
     assert len(runs) == 1
     assert 3.0 <= runs[0] - sent < 6.0  # not early; late by the delay queues' hops
@@ -387,8 +394,7 @@ def test_a_two_hour_countdown_sits_in_the_broker(worker: Worker) -> None:
     item = f"h{uuid.uuid4().hex[:8]}"
     before = _in_delay_queues()
     result = q.ran.apply_async(kwargs={"item_id": item}, countdown=7200)
-    time.sleep(0.5)
-    assert _in_delay_queues() == before + 1
+    wait_for(lambda: _in_delay_queues() == before + 1, timeout=5)
     scheduled = q.app.control.inspect(timeout=1.0).scheduled() or {}
     assert all(not jobs for jobs in scheduled.values())
     assert _take_delayed(str(result.id))

@@ -9,6 +9,8 @@ SQLite file).
 
 from __future__ import annotations
 
+import itertools
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -21,8 +23,9 @@ import sqlalchemy as sa
 from conventions.observability import audit, runs
 from conventions.ops import retention
 from conventions.store import RedisStore, SQLStore, Store, keys, redis_runs
+from conventions.store import runs as runs_store
 from conventions.store.records import AuditEvent
-from conventions.store.runs import MAX_ATTEMPTS, MAX_ERROR
+from conventions.store.runs import MAX_ATTEMPTS, MAX_ERROR, Run
 from conventions.store.sql import make_engine
 from conventions.tracing import headers as hdr
 from tests.conftest import REDIS_BASE, STORE_DB
@@ -352,3 +355,85 @@ def test_run_history_adds_no_round_trip_to_a_jobs_lifecycle(redis_backend: Redis
         client.close()
         _wipe_redis(redis_backend)
     assert sent == {False: 3, True: 3}
+
+
+#: one run's events as a fast worker and a slow publisher can deliver them, in order:
+#: (event, attempt, minute, detail)
+LIFE: tuple[tuple[str, int, float, dict[str, Any]], ...] = (
+    ("published", 0, 0, {}),
+    ("started", 1, 1, {}),
+    ("retried", 1, 2, {"exc_type": "HTTPError", "reason": "503"}),
+    ("started", 2, 3, {}),
+    ("succeeded", 2, 4, {}),
+)
+
+
+def _play(store: Store, task_id: str, order: tuple[int, ...]) -> None:
+    for index in order:
+        name, attempt, minute, detail = LIFE[index]
+        step(store, name, task_id, attempt=attempt, minutes=minute, **detail)
+
+
+def test_a_published_event_written_after_the_worker_finished_leaves_the_run_succeeded(
+    store: Store,
+) -> None:
+    """The two-step publish: the push, then ``published``; a fast worker's ``started``
+    and ``succeeded`` can land first. The late event must not move the run back."""
+    step(store, "started", "late", attempt=1, minutes=1)
+    step(store, "succeeded", "late", attempt=1, minutes=2)
+    step(store, "published", "late", minutes=0)
+    run = store.get_run("late")
+    assert run is not None
+    assert (run.state, run.live) == ("succeeded", False)
+    assert run.ended_at == run.updated_at == datetime(2026, 1, 1, 12, 2, tzinfo=UTC)
+    assert run.created_at == datetime(2026, 1, 1, 12, tzinfo=UTC)  # when it was queued
+    assert [r.id for r in store.list_runs(state="queued")] == []
+
+
+def test_a_retry_event_written_after_the_next_attempt_started_leaves_it_running(
+    store: Store,
+) -> None:
+    step(store, "published", "jt")
+    step(store, "started", "jt", attempt=1, minutes=1)
+    step(store, "started", "jt", attempt=2, minutes=3)  # the retry was pushed, then ...
+    step(store, "retried", "jt", attempt=1, minutes=2, exc_type="E", reason="x")  # ... said
+    run = store.get_run("jt")
+    assert run is not None and run.state == "running"
+    assert [(a.n, a.outcome) for a in run.attempts] == [(1, "retried"), (2, None)]
+    assert run.worker is None and run.attempts[-1].started_at is not None
+
+
+@pytest.mark.parametrize("order", [(4, 3, 2, 1, 0), (1, 2, 3, 4, 0), (0, 3, 4, 1, 2)])
+def test_a_runs_record_is_the_same_whatever_order_its_events_land_in(
+    store: Store, order: tuple[int, ...]
+) -> None:
+    _play(store, "inorder", tuple(range(len(LIFE))))
+    _play(store, "shuffled", order)
+    expected, found = store.get_run("inorder"), store.get_run("shuffled")
+    assert expected is not None and found is not None
+    assert expected.state == "succeeded"
+    assert {**found.to_dict(), "id": "inorder"} == expected.to_dict()
+
+
+def test_the_redis_script_merges_every_order_of_events_as_the_python_rules_do(
+    redis_backend: RedisStore,
+) -> None:
+    """One source, two implementations: the Lua merge is checked against
+    :func:`conventions.store.runs.merge` on every order of a run's five events."""
+    try:
+        for number, order in enumerate(itertools.permutations(range(len(LIFE)))):
+            task_id = f"perm-{number}"
+            _play(redis_backend, task_id, order)
+            doc: dict[str, Any] | None = None
+            for index in order:
+                name, attempt, minute, detail = LIFE[index]
+                moment = datetime(2026, 1, 1, 12, tzinfo=UTC) + timedelta(minutes=minute)
+                event = audit.event(name, TASK, task_id, headers(), attempt=attempt,
+                                    detail=detail, at=moment)  # fmt: skip
+                assert event.run is not None
+                doc = runs_store.merge(doc, event.run, max_logs=redis_backend.runs_max_logs)
+            assert doc is not None
+            raw = redis_backend.client.get(f"{redis_backend.prefix}run:rec:{task_id}")
+            assert Run.from_doc(json.loads(str(raw))) == Run.from_doc(doc), order
+    finally:
+        _wipe_redis(redis_backend)
