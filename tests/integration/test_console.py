@@ -32,7 +32,7 @@ from tests.integration import support_flaky  # registers testing.flaky.v1 before
 T = TypeVar("T")
 WAIT = 20.0
 SECRET = b"console-tests-secret"
-TOKEN = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
+TOKEN = re.compile(r'name="csrf_token" value="([0-9]+\.[0-9a-f]+)"')
 
 pytestmark = pytest.mark.usefixtures("thread_worker", "clean_store")
 
