@@ -18,6 +18,8 @@ import pytest
 from conventions.console import csrf
 
 ROOT = Path(__file__).resolve().parents[2]
+#: where ``conventions web`` reads the secret its processes share
+SECRET_ENV = "CONVENTIONS_CONSOLE_SECRET"
 
 
 def _free_port() -> int:
@@ -28,9 +30,9 @@ def _free_port() -> int:
 
 def _serve(*args: str, secret: str | None = None) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "conventions", "-A", "tasks", "web", *args]
-    env = {k: v for k, v in os.environ.items() if k != csrf.ENV}
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
     if secret:
-        env[csrf.ENV] = secret
+        env[SECRET_ENV] = secret
     return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
 
 
