@@ -33,7 +33,8 @@ from starlette.templating import Jinja2Templates  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 from conventions.console import auth, csrf  # noqa: E402
-from conventions.console.context import Console, Refused, base_path, render, require  # noqa: E402
+from conventions.console.context import Console, Refused, base_path, render  # noqa: E402
+from conventions.console.context import require as allowed  # noqa: E402
 from conventions.console.pages import deadletters, queues, runs, schedules, trace  # noqa: E402
 from conventions.errors import ConfigurationError  # noqa: E402
 
@@ -71,7 +72,7 @@ class SecurityHeaders:
 
 
 async def _home(request: Request) -> Response:
-    await require(request, "view")  # every route asks the authorizer, this one too
+    await allowed(request, "view")  # every route asks the authorizer, this one too
     return RedirectResponse(f"{base_path(request)}/queues", status_code=303)
 
 

@@ -13,6 +13,7 @@ page does not offer is refused and audited. The app is served by uvicorn in a th
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -63,13 +64,15 @@ JAVASCRIPT_URL = re.compile(r"""(href|src|action|formaction)\s*=\s*["']?\s*javas
 @pytest.fixture(scope="module")
 def base_url(services: None) -> Iterator[str]:
     """The console of the reference app, served by a real uvicorn in a thread."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
     web = console_app(app, authorizer=by_headers, secret=SECRET)
-    config = uvicorn.Config(web, host="127.0.0.1", port=0, log_level="critical")
+    config = uvicorn.Config(web, host="127.0.0.1", port=port, log_level="critical")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started, timeout=10)
-    (port,) = {s.getsockname()[1] for server_ in server.servers for s in server_.sockets}
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
