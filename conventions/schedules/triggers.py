@@ -117,7 +117,7 @@ def send(app: Any, name: str, at: str, actor: str) -> tuple[schedules.Occurrence
             asked = _of_day(day, asked, current)
         moment = choose(entry, asked, current)
         if day is not None and entry.occurrence(moment).date != day:
-            raise NotOffered(f"{day.isoformat()}: no occurrence of that day is offered (come, and in the window)")
+            raise NotOffered(f"{day.isoformat()}: no occurrence of that day is offered")
     except NotOffered as exc:
         refused(app, entry, at, str(exc), actor)
         raise
