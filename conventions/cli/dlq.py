@@ -31,6 +31,7 @@ from conventions.cli.base import (
     positive,
     print_json,
 )
+from conventions.observability import shown
 from conventions.observability import trace as tracing
 from conventions.ops import replay as replaylib
 from conventions.ops.retention import (
@@ -72,9 +73,10 @@ def list_(
     as_json: bool,
 ) -> int:
     """List dead letters, newest first."""
-    records = app.store.list_dead_letters(
+    found = app.store.list_dead_letters(
         task=task, category=Category(category) if category else None, since=since, limit=limit
     )
+    records = [shown.dead_letter(app, record) for record in found]
     if as_json:
         print_json([r.to_dict() for r in records])
     elif records:
@@ -89,10 +91,11 @@ def list_(
 @json_option
 def show(app: App, record_id: str, as_json: bool) -> int:
     """One dead letter in full."""
-    record = app.store.get_dead_letter(record_id)
-    if record is None:
+    found = app.store.get_dead_letter(record_id)
+    if found is None:
         print(f"conventions: no dead letter with id {record_id!r}", file=sys.stderr)
         return REFUSED
+    record = shown.dead_letter(app, found)  # scrubbed as the console shows it
     if as_json:
         print_json(record.to_dict())
     else:

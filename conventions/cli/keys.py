@@ -26,7 +26,7 @@ import click
 from conventions.app import App
 from conventions.cli import format as fmt
 from conventions.cli.base import USAGE, Failure, Group, actor_default, command, json_option
-from conventions.observability import audit
+from conventions.observability import audit, shown
 from conventions.store.base import KeyState
 from conventions.tracing import headers as hdr
 
@@ -73,7 +73,7 @@ KEY_HELP = "the idempotency key, e.g. receipt:ord_1"
 @json_option
 def show_command(app: App, key: str, as_json: bool) -> int:
     """The key's reservation and ledger entry."""
-    state = app.store.key_state(key)
+    state = shown.key_state(app, app.store.key_state(key))
     if as_json:
         print(json.dumps(state.to_dict(), indent=2))
     else:

@@ -19,6 +19,7 @@ import click
 from conventions.app import App
 from conventions.cli import format as fmt
 from conventions.cli.base import REFUSED, Failure, Group, Parsed, command, json_option, print_json
+from conventions.observability import shown
 from conventions.store.runs import STATES, Run
 
 SINCE = Parsed(fmt.parse_since, "WHEN")
@@ -91,6 +92,7 @@ def list_command(  # noqa: PLR0917
         task=task, state=state, key=key, correlation_id=correlation, queue=queue,
         since=since, limit=limit,
     )  # fmt: skip
+    found = [shown.run(app, run) for run in found]
     if as_json:
         print_json([run.to_dict() for run in found])
     elif found:
@@ -108,6 +110,7 @@ def show_command(app: App, task_id: str, as_json: bool) -> int:
     run = app.store.get_run(task_id)
     if run is None:
         raise Failure(f"no run {task_id} (never recorded, or past retention)", REFUSED)
+    run = shown.run(app, run)  # its key, errors and logs scrubbed as the console shows them
     if as_json:
         print_json(run.to_dict())
     else:

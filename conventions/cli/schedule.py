@@ -1,13 +1,15 @@
 """``conventions schedule``: list the entries, trigger an occurrence, run the watchdog.
 
     conventions schedule list [--json]
-    conventions schedule trigger NAME [--at WHEN]
+    conventions schedule trigger NAME [--at WHEN] [--actor NAME]
     conventions schedule check
     conventions schedule pause NAME --reason TEXT [--actor NAME]
     conventions schedule resume NAME [--actor NAME]
 
 ``trigger`` sends one occurrence exactly as beat would (the one at or before WHEN, an
-ISO date or datetime; default: now): it runs once, whoever else sends it. ``check`` runs
+ISO date or datetime; default: now): it runs once, whoever else sends it. Only the
+current occurrence or one missed within the entry's catch-up window is sent; another is
+refused (exit 2) and the refusal audited (``conventions.schedules.triggers``). ``check`` runs
 the watchdog once (from a system cron it also watches a beat that is down). ``pause``
 stops beat sending an entry's occurrences until ``resume`` (a trigger still sends one).
 """
@@ -15,14 +17,13 @@ stops beat sending an entry's occurrences until ``resume`` (a trigger still send
 from __future__ import annotations
 
 import sys
-from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import click
 
 from conventions.cli.base import (
     REFUSED,
+    USAGE,
     Failure,
     Group,
     actor_default,
@@ -30,26 +31,13 @@ from conventions.cli.base import (
     json_option,
     print_json,
 )
-from conventions.schedules import beat as scheduler
 from conventions.schedules import entries as schedules
-from conventions.schedules import overlap, pauses, watchdog
+from conventions.schedules import overlap, pauses, triggers, watchdog
 
 
 @click.group("schedule", cls=Group)
 def schedule_group() -> None:
     """Schedule entries: list, trigger, check."""
-
-
-def _when(text: str | None, zone: ZoneInfo) -> datetime | None:
-    if not text:
-        return None
-    if len(text) == 10:  # a date: its last occurrence, in the entry's timezone
-        day = date.fromisoformat(text)
-        return datetime.combine(day + timedelta(days=1), time(), tzinfo=zone) - timedelta(
-            microseconds=1
-        )
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 @command("list")
@@ -89,22 +77,22 @@ def list_command(app: Any, as_json: bool) -> int:
 @click.option(
     "--at",
     metavar="WHEN",
+    default="",
     help="the occurrence at or before WHEN: an ISO date (that day in the entry's "
-    "timezone) or datetime (UTC unless it says); default: now",
+    "timezone) or datetime (UTC unless it says); default: the current one. Only the "
+    "current occurrence or one missed within the entry's catch-up window is sent",
 )
-def trigger_command(app: Any, name: str, at: str | None) -> int:
+@click.option("--actor", default=actor_default, help="who triggers (default: $USER, else 'cli')")
+def trigger_command(app: Any, name: str, at: str, actor: str) -> int:
     """Send one occurrence now, as beat would."""
-    schedules.use_clock(app.conf)
-    entry = schedules.find(app, name)
     try:
-        moment = _when(at, entry.schedule.zone)
-    except ValueError as exc:
-        raise Failure(f"--at {at!r}: {exc}", 2) from exc
-    result = scheduler.trigger(app, name, moment)
+        occurrence, result = triggers.send(app, name, at, actor)
+    except triggers.NotOffered as exc:
+        raise Failure(f"{name}: refused (audited): {exc}", USAGE) from exc
     if getattr(result, "deduplicated", False):
         print(f"{name}: that occurrence was already sent as {result.id}", file=sys.stderr)
         return REFUSED
-    print(f"{name}: sent as {result.id}")
+    print(f"{name}: {occurrence.label} sent as {result.id}")
     return 0
 
 

@@ -7,11 +7,17 @@
 and a role; see ``conventions.console.auth``). Without one the console is served only
 with ``--insecure-local``, and then only on a loopback address, to clients on this
 machine: anything else is refused before the server starts.
+
+The CSRF tokens are signed with ``CONVENTIONS_CONSOLE_SECRET`` from the environment,
+else the app's ``conventions_console_secret`` setting; with neither, with a random
+secret of this process, and the command says so at start: several processes behind one
+load balancer would then refuse each other's forms.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -22,6 +28,12 @@ from conventions.config.extras import require
 
 #: the port ``conventions web`` listens on by default
 DEFAULT_PORT = 8700
+#: what ``conventions web`` says at start when its CSRF secret is its own
+NO_SHARED_SECRET = (
+    "web: no shared secret (CONVENTIONS_CONSOLE_SECRET or conventions_console_secret): "
+    "this process signs its forms with a random secret of its own; when several console "
+    "processes serve one address, a form served by one is refused by the others"
+)
 
 
 def check_bind(host: str, authorizer: str | None, insecure_local: bool, **_: object) -> None:
@@ -83,13 +95,21 @@ def web_command(
 ) -> int:
     """Serve the operator's console (until stopped)."""
     uvicorn = require("uvicorn", "console", "conventions web")
+    from conventions.console import csrf
     from conventions.console.app import console_app
+    from conventions.errors import ConfigurationError
 
-    web = console_app(
-        app,
-        authorizer=load_authorizer(authorizer) if authorizer else None,
-        insecure_local=insecure_local,
-    )
+    try:
+        web = console_app(
+            app,
+            authorizer=load_authorizer(authorizer) if authorizer else None,
+            insecure_local=insecure_local,
+            secret=os.environ.get(csrf.ENV) or None,
+        )
+    except ConfigurationError as exc:
+        raise Failure(f"web: {exc} ({csrf.ENV} or {csrf.SETTING})", USAGE) from exc
+    if not web.state.console.shared_secret:
+        print(NO_SHARED_SECRET, file=sys.stderr, flush=True)
     print(f"serving the console on http://{host}:{port}{root_path}/", file=sys.stderr, flush=True)
     uvicorn.run(web, host=host, port=port, root_path=root_path, log_level="warning")
     return 0

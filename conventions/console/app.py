@@ -24,15 +24,17 @@ require("starlette", "console", "the operator's console")
 require("jinja2", "console", "the operator's console")
 
 from starlette.applications import Starlette  # noqa: E402
+from starlette.exceptions import HTTPException  # noqa: E402
 from starlette.requests import Request  # noqa: E402
-from starlette.responses import RedirectResponse, Response  # noqa: E402
+from starlette.responses import PlainTextResponse, RedirectResponse, Response  # noqa: E402
 from starlette.routing import BaseRoute, Mount, Route  # noqa: E402
 from starlette.staticfiles import StaticFiles  # noqa: E402
 from starlette.templating import Jinja2Templates  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
-from conventions.console import auth  # noqa: E402
+from conventions.console import auth, csrf  # noqa: E402
 from conventions.console.context import Console, Refused, base_path, render  # noqa: E402
+from conventions.console.context import require as allowed  # noqa: E402
 from conventions.console.pages import deadletters, queues, runs, schedules, trace  # noqa: E402
 from conventions.errors import ConfigurationError  # noqa: E402
 
@@ -70,12 +72,33 @@ class SecurityHeaders:
 
 
 async def _home(request: Request) -> Response:
+    await allowed(request, "view")  # every route asks the authorizer, this one too
     return RedirectResponse(f"{base_path(request)}/queues", status_code=303)
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refused)
     return render(request, None, "error.html", {"message": exc.message}, status=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """The router's own refusals (404 no such page, 405 wrong method) as error pages."""
+    assert isinstance(exc, HTTPException)
+    message = {404: "no such page in the console", 405: "this page does not take that method"}
+    text = message.get(exc.status_code, str(exc.detail))
+    return render(request, None, "error.html", {"message": text}, status=exc.status_code)
+
+
+async def _crashed(request: Request, exc: Exception) -> Response:
+    """An unexpected exception: a 500 that still carries the security headers.
+
+    Starlette answers it from its outermost middleware, outside ``SecurityHeaders``, so
+    the headers are set here; the exception itself goes on to the server's log."""
+    return PlainTextResponse(
+        "the console failed on this request; its log says why",
+        status_code=500,
+        headers={name.decode(): value.decode() for name, value in SECURITY_HEADERS},
+    )
 
 
 def routes() -> list[BaseRoute]:
@@ -96,7 +119,7 @@ def console_app(
     *,
     authorizer: auth.Authorizer | None = None,
     insecure_local: bool = False,
-    secret: bytes | None = None,
+    secret: bytes | str | None = None,
     title: str = "conventions",
     refresh_seconds: float = 5.0,
 ) -> Starlette:
@@ -104,7 +127,8 @@ def console_app(
 
     ``authorizer`` gives each request's principal (see ``conventions.console.auth``);
     ``secret`` signs the CSRF tokens (give the same one to every process serving the
-    console behind one address; default: random per process).
+    console behind one address; default: the app's ``conventions_console_secret``
+    setting, else random per process: ``console.shared_secret`` says which).
     """
     if authorizer is None:
         if not insecure_local:
@@ -122,9 +146,14 @@ def console_app(
         title=title,
         refresh_seconds=refresh_seconds,
     )
-    if secret is not None:
-        console.secret = secret
-    web = Starlette(routes=routes(), exception_handlers={Refused: _refused})
+    try:
+        shared = csrf.shared_secret(app.conf if hasattr(app, "conf") else None, secret)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from exc
+    if shared is not None:
+        console.secret, console.shared_secret = shared, True
+    handlers = {Refused: _refused, HTTPException: _http_error, Exception: _crashed}
+    web = Starlette(routes=routes(), exception_handlers=handlers)
     web.state.console = console
     web.add_middleware(SecurityHeaders)
     return web

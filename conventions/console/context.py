@@ -52,6 +52,9 @@ class Console:
     authorizer: Authorizer
     templates: Jinja2Templates
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    #: is ``secret`` shared by every process of this console (given, or a setting), or
+    #: this process's own random one (tokens hold for this process only)?
+    shared_secret: bool = False
     title: str = "conventions"
     #: how often the live pages (queues) ask for a fresh reading, in seconds
     refresh_seconds: float = 5.0
@@ -81,12 +84,43 @@ async def principal(request: Request) -> Principal:
     return answer
 
 
+def _no_nul(fields: Mapping[str, Any], where: str) -> None:
+    """A 400 for a NUL character in any field: no store keeps one (PostgreSQL refuses
+    it), and no id, key or name of the layer holds one."""
+    for name, value in fields.items():
+        values = value if isinstance(value, list) else [value]
+        if any("\x00" in str(v) for v in [name, *values]):
+            raise Refused(400, f"{where} {str(name)[:40]!r} holds a NUL character")
+
+
 async def require(request: Request, action: str) -> Principal:
     """The principal, when allowed ``action``; else a 403 naming the role needed."""
     who = await principal(request)
     if not who.may(action):
         raise Refused(403, f"{who.actor} ({who.role}) may not {action}: the role is too low")
+    _no_nul(request.path_params, "the path's")
+    _no_nul(dict(request.query_params.multi_items()), "the query's field")
     return who
+
+
+async def form_body(request: Request, limit: int = MAX_FORM_BYTES) -> bytes:
+    """The request's body, read only up to ``limit`` bytes: a 413 as soon as the declared
+    ``Content-Length`` or the bytes received pass it (a chunked body has no length), so a
+    huge POST never sits in the console's memory."""
+    declared = request.headers.get("content-length", "")
+    if declared:
+        if not declared.isdigit():
+            raise Refused(400, "the Content-Length header is not a number")
+        if int(declared) > limit:
+            raise Refused(413, f"form too large: over {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Refused(413, f"form too large: over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def submitted(request: Request, action: str) -> tuple[Principal, dict[str, list[str]]]:
@@ -95,9 +129,7 @@ async def submitted(request: Request, action: str) -> tuple[Principal, dict[str,
     kind = request.headers.get("content-type", "").split(";")[0].strip()
     if kind != "application/x-www-form-urlencoded":
         raise Refused(415, "the console takes forms (application/x-www-form-urlencoded)")
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        raise Refused(413, "form too large")
+    body = await form_body(request)
     form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     given = (form.get(csrf.FIELD) or [request.headers.get(csrf.HEADER, "")])[0]
     nonce = request.cookies.get(csrf.COOKIE)
@@ -105,6 +137,7 @@ async def submitted(request: Request, action: str) -> tuple[Principal, dict[str,
         raise Refused(403, "missing or invalid CSRF token: reload the page and try again")
     if not who.may(action):
         raise Refused(403, f"{who.actor} ({who.role}) may not {action}: the role is too low")
+    _no_nul(form, "the form's field")
     return who, form
 
 

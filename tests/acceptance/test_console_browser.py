@@ -3,10 +3,11 @@ real worker on Redis.
 
 A dead letter appears on the page, is replayed from it with a reason, the replay's run
 succeeds and the audit names the authorizer's actor; a read-only user has no replay
-button and a forged POST is refused; a schedule trigger double-clicked sends once; the
-queues page refreshes itself; a job's run appears on the runs page and its page shows
-its attempts. With ``CONSOLE_SCREENSHOTS=1`` the test writes each page's
-screenshot to docs/img/console-*.png (docs/howto/console.md shows them).
+button and a POST is refused by role; an operator's POST without the page's CSRF token
+is refused; hostile records run no script and break no policy; a schedule trigger
+double-clicked sends once; the queues page refreshes itself; a job's run appears on the
+runs page and its page shows its attempts. With ``CONSOLE_SCREENSHOTS=1`` the test
+writes each page's screenshot to docs/img/console-*.png (docs/howto/console.md shows them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from conventions.console import Principal, Role, console_app, csrf
 from conventions.store.records import AuditEvent, DeadLetter
 from tasks import app
 from tests.fixtures import unavailable
+from tests.integration import (
+    support_console as hostile,  # registers testing.reset_link.v1 before the worker
+)
 from tests.integration import (
     support_flaky,  # registers testing.flaky.v1 before the worker
     support_runs,  # registers testing.runs_retry.v1
@@ -202,10 +206,74 @@ def test_a_read_only_user_has_no_replay_and_a_forged_post_is_refused(
     token = csrf.token(SECRET, cookies[csrf.COOKIE], "rita")
     url = f"{base_url}/dead-letters/replay"
     form = {"id": record.id, "reason": "me", "csrf_token": token}
-    assert page.request.post(url, form=form).status == 403  # the role
-    assert page.request.post(url, form={**form, "csrf_token": ""}).status == 403  # the token
+    assert page.request.post(url, form=form).status == 403  # the role, with a valid token
     stored = app.store.get_dead_letter(record.id)
     assert stored is not None and stored.replayed_at is None
+
+
+def test_an_operators_post_without_the_pages_token_is_refused(
+    open_as: Callable[..., Any], base_url: str
+) -> None:
+    """An operator may replay: only the CSRF check stands between these POSTs and a
+    replay, and the page's own form (its token) then replays the same record."""
+    item = f"item{uuid.uuid4().hex[:8]}"
+    record = flaky_dead_letter(item)
+    page = open_as("olivia@ops", "operator")
+    page.goto(f"/dead-letters/{record.id}")
+    page.get_by_label("Reason").wait_for()
+    nonce = {c["name"]: c["value"] for c in page.context.cookies()}[csrf.COOKIE]
+    url = f"{base_url}/dead-letters/replay"
+    form = {"id": record.id, "reason": "forged"}
+    forged = [
+        "",  # none
+        csrf.token(b"not-the-consoles-secret", nonce, "olivia@ops"),  # another secret
+        csrf.token(SECRET, nonce, "mallory"),  # another actor's
+        csrf.token(SECRET, nonce, "olivia@ops", issued=time.time() - csrf.MAX_AGE - 60),
+    ]
+    for token in forged:
+        answer = page.request.post(url, form={**form, "csrf_token": token})
+        assert answer.status == 403 and "CSRF" in answer.text(), token
+    stored = app.store.get_dead_letter(record.id)
+    assert stored is not None and stored.replayed_at is None
+    with support_flaky.flags() as flags:  # the provider is fixed
+        flags.delete(support_flaky.broken_flag(item))
+    page.get_by_label("Reason").fill("provider fixed")
+    page.get_by_role("button", name="Replay").click()
+    page.locator(".outcome-replayed").wait_for()
+
+
+def test_hostile_records_run_no_script_and_break_no_policy_in_the_browser(
+    open_as: Callable[..., Any],
+) -> None:
+    """Script tags, quotes and ``javascript:`` URLs in every field of every page: no
+    ``alert()`` runs and the content security policy reports nothing (an injected inline
+    script or handler would be blocked by it, and reported)."""
+    record = hostile.hostile_everywhere()
+    page = open_as("ada", "admin")
+    alerts: list[str] = []
+    page.on("dialog", lambda dialog: (alerts.append(dialog.message), dialog.dismiss()))
+    page.add_init_script(
+        "window.__csp = []; document.addEventListener('securitypolicyviolation', "
+        "(e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));"
+    )
+    violations: list[str] = []
+    pages = [
+        "/queues", "/runs", f"/runs/{hostile.XSS_ID}", "/dead-letters",
+        f"/dead-letters/{record.id}", "/schedules", f"/trace?correlation={hostile.XSS}",
+        f"/runs/{hostile.XSS_ID}x",
+    ]  # fmt: skip
+    try:
+        for path in pages:
+            page.goto(path)
+            page.locator("main").wait_for()
+            page.keyboard.press("Tab")  # an injected autofocus/onfocus would fire now
+            violations += [f"{path}: {v}" for v in page.evaluate("window.__csp")]
+    finally:
+        hostile.clear_pauses()
+    assert alerts == []
+    assert violations == []
+    page.goto(f"/dead-letters/{record.id}")
+    assert "<script>alert(2)</script>" in page.locator("pre").first.inner_text()
 
 
 def test_a_schedule_trigger_double_clicked_sends_once(open_as: Callable[..., Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,7 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
+from conventions.console import csrf
+
 ROOT = Path(__file__).resolve().parents[2]
+#: where ``conventions web`` reads the secret its processes share
+SECRET_ENV = "CONVENTIONS_CONSOLE_SECRET"
 
 
 def _free_port() -> int:
@@ -23,11 +28,23 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _serve(*args: str) -> subprocess.Popen[str]:
+def _serve(*args: str, secret: str | None = None) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "conventions", "-A", "tasks", "web", *args]
-    return subprocess.Popen(
-        command, cwd=ROOT, env=dict(os.environ), stderr=subprocess.PIPE, text=True
-    )
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    if secret:
+        env[SECRET_ENV] = secret
+    return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _stop(process: subprocess.Popen[str]) -> str:
+    """Stop ``process``; what it wrote on stderr."""
+    if process.stderr is None or process.stderr.closed:
+        return ""
+    process.terminate()
+    process.wait(10)
+    err = process.stderr.read()
+    process.stderr.close()
+    return err
 
 
 def _up(url: str, process: subprocess.Popen[str]) -> httpx.Response:
@@ -41,6 +58,16 @@ def _up(url: str, process: subprocess.Popen[str]) -> httpx.Response:
             time.sleep(0.1)
 
 
+#: the secret the two processes of one console share in these tests
+SHARED = "a-secret-the-console-fleet-shares"
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+#: a body far over the console's 64 KiB form limit (make test; 300 MB measured by hand)
+HUGE = 50 * 1024 * 1024
+#: how much the console's peak memory may grow while refusing it
+BOUNDED = 20 * 1024 * 1024
+
+
 @pytest.fixture
 def served(services: None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     port = _free_port()
@@ -48,10 +75,36 @@ def served(services: None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     try:
         yield f"http://127.0.0.1:{port}", process
     finally:
-        process.terminate()
-        process.wait(10)
-        if process.stderr:
-            process.stderr.close()
+        _stop(process)
+
+
+@pytest.fixture(scope="module")
+def pair(services: None) -> Iterator[tuple[tuple[str, subprocess.Popen[str]], ...]]:
+    """Two ``conventions web`` processes of one console (a load balancer's two backends),
+    sharing ``CONVENTIONS_CONSOLE_SECRET``."""
+    ports = (_free_port(), _free_port())
+    processes = [_serve("--insecure-local", "--port", str(p), secret=SHARED) for p in ports]
+    try:
+        yield tuple((f"http://127.0.0.1:{p}", pr) for p, pr in zip(ports, processes, strict=True))
+    finally:
+        for process in processes:
+            _stop(process)
+
+
+def _peak_memory(process: subprocess.Popen[str]) -> int:
+    """The process's peak resident memory so far (bytes, Linux's VmHWM)."""
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc")
+
+
+def _form_of(url: str, process: subprocess.Popen[str]) -> tuple[str, str]:
+    """The CSRF cookie and a form's token of the schedules page of ``url``."""
+    page = _up(f"{url}/schedules", process)
+    found = TOKEN.search(page.text)
+    assert found and page.status_code == 200
+    return page.cookies[csrf.COOKIE], found.group(1)
 
 
 def test_insecure_local_serves_this_machine_as_its_admin(
@@ -64,6 +117,66 @@ def test_insecure_local_serves_this_machine_as_its_admin(
     assert "watchdog" in page.text
     rebound = httpx.get(f"{url}/schedules", headers={"host": "evil.example"}, timeout=5)
     assert rebound.status_code == 403
+
+
+def test_a_huge_post_is_refused_without_being_read_into_memory(
+    pair: tuple[tuple[str, subprocess.Popen[str]], ...],
+) -> None:
+    (url, process), _ = pair
+    _form_of(url, process)  # warm: the pages and a form have been served once
+    before = _peak_memory(process)
+    body = b"a" * HUGE
+    declared = httpx.post(f"{url}/queues/pause", content=body, headers=FORM, timeout=60)
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, HUGE, 1 << 20):
+            yield body[start : start + (1 << 20)]
+
+    chunked = httpx.post(f"{url}/queues/pause", content=chunks(), headers=FORM, timeout=60)
+    grown = _peak_memory(process) - before
+    print(f"peak memory of conventions web: {before >> 20} MB, +{grown >> 20} MB after 2 x 50 MB")
+    assert (declared.status_code, chunked.status_code) == (413, 413)
+    assert "form too large" in declared.text
+    assert "content-security-policy" in chunked.headers
+    assert grown < BOUNDED, f"the console read {grown >> 20} MB of a refused body"
+
+
+def test_a_form_served_by_one_console_process_is_accepted_by_another_with_the_shared_secret(
+    pair: tuple[tuple[str, subprocess.Popen[str]], ...],
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    (a_url, a), (b_url, b) = pair
+    cookie, token = _form_of(a_url, a)
+    _up(f"{b_url}/schedules", b)
+    form = {"name": "no-such-entry", "reason": "r", csrf.FIELD: token}
+    # past the CSRF check, refused for the unknown entry only: nothing is paused
+    on_b = httpx.post(f"{b_url}/schedules/pause", data=form, cookies={csrf.COOKIE: cookie})
+    assert on_b.status_code == 404, on_b.text
+    alone_url, alone = served  # a process with a secret of its own refuses it
+    _up(f"{alone_url}/schedules", alone)
+    refused = httpx.post(f"{alone_url}/schedules/pause", data=form, cookies={csrf.COOKIE: cookie})
+    assert refused.status_code == 403 and "CSRF" in refused.text
+    assert "no shared secret" in _stop(alone)
+    for process in (a, b):  # still running: their stderr is read at the end
+        assert process.poll() is None
+
+
+def test_an_expired_csrf_token_is_refused(
+    pair: tuple[tuple[str, subprocess.Popen[str]], ...],
+) -> None:
+    (url, process), _ = pair
+    cookie, token = _form_of(url, process)
+    actor = re.search(r'class="who"[^>]*>([^<]+?) ·', _up(f"{url}/schedules", process).text)
+    assert actor, "the page names its actor"
+    issued = time.time() - csrf.MAX_AGE - 60
+    stale = csrf.token(SHARED.encode(), cookie, actor.group(1).strip(), issued=issued)
+    form = {"name": "no-such-entry", "reason": "r"}
+    fresh = httpx.post(f"{url}/schedules/pause", data={**form, csrf.FIELD: token},
+                       cookies={csrf.COOKIE: cookie})  # fmt: skip
+    expired = httpx.post(f"{url}/schedules/pause", data={**form, csrf.FIELD: stale},
+                         cookies={csrf.COOKIE: cookie})  # fmt: skip
+    assert fresh.status_code == 404  # the same form with a token of now passes the check
+    assert expired.status_code == 403 and "CSRF" in expired.text
 
 
 def test_an_authorizer_is_loaded_from_module_colon_callable(services: None) -> None:

@@ -41,6 +41,38 @@ def test_a_principal_needs_an_actor_and_a_known_role() -> None:
     assert Principal("x", "operator").role is Role.OPERATOR  # type: ignore[arg-type]
 
 
+def test_a_csrf_token_expires_after_its_max_age() -> None:
+    secret, nonce, now = b"s" * 32, csrf.new_nonce(), 1_800_000_000.0
+    fresh = csrf.token(secret, nonce, "alice", issued=now - csrf.MAX_AGE + 60)
+    stale = csrf.token(secret, nonce, "alice", issued=now - csrf.MAX_AGE - 1)
+    ahead = csrf.token(secret, nonce, "alice", issued=now + csrf.SKEW + 60)
+    assert csrf.valid(secret, nonce, "alice", fresh, now=now)
+    assert not csrf.valid(secret, nonce, "alice", stale, now=now)
+    assert not csrf.valid(secret, nonce, "alice", ahead, now=now)
+    issued, _, signature = fresh.partition(".")
+    moved = f"{int(issued) + 3600}.{signature}"  # a later issue time, the same signature
+    assert not csrf.valid(secret, nonce, "alice", moved, now=now)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    ["1.é", "²³.00", "1." + "\udcff", "x" * 5000, ".", "99999999999999999999.00", "\x00"],
+)
+def test_a_forged_csrf_token_of_any_shape_is_refused_not_raised(forged: str) -> None:
+    assert not csrf.valid(b"s" * 32, csrf.new_nonce(), "alice", forged)
+
+
+def test_a_console_secret_comes_from_the_call_or_the_setting_and_is_long_enough() -> None:
+    conf = {csrf.SETTING: "a-setting-secret-of-the-fleet"}
+    assert csrf.shared_secret(conf) == b"a-setting-secret-of-the-fleet"
+    assert (
+        csrf.shared_secret(conf, b"given-wins-over-the-setting") == b"given-wins-over-the-setting"
+    )
+    assert csrf.shared_secret({}) is None
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        csrf.shared_secret({}, "short")
+
+
 def test_a_csrf_token_holds_only_for_its_nonce_actor_and_secret() -> None:
     secret, nonce = b"s" * 32, csrf.new_nonce()
     good = csrf.token(secret, nonce, "alice")
@@ -88,8 +120,8 @@ def test_the_console_is_not_built_without_an_authorizer_unless_insecure_local() 
     with pytest.raises(ConfigurationError, match="needs an authorizer"):
         console_app(object())
     web = console_app(object(), insecure_local=True)
-    # what a job put in its error or payload reaches the page escaped, never as markup
-    assert web.state.console.templates.env.autoescape("dead_letter.html") is True
+    assert web.state.console.shared_secret is False  # random, this process's own
+    # escaping is proved by rendering hostile records: tests/integration/test_console_hostile.py
 
 
 @pytest.mark.parametrize(
@@ -135,6 +167,15 @@ def test_since_takes_a_duration_or_a_date() -> None:
     assert views.parse_since(" ") is None
     with pytest.raises(ValueError):
         views.parse_since("yesterday")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["3000000d", "99999999999999999999999999999s", "0001-01-01T00:00:00+23:59", "9" * 400 + "d"],
+)
+def test_since_reaching_outside_the_calendar_is_an_input_error(text: str) -> None:
+    with pytest.raises(ValueError, match="too far back"):
+        views.parse_since(text)
 
 
 def test_what_the_console_shows_of_a_payload_is_scrubbed() -> None:

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from conventions.console import views
 from conventions.console.context import Refused, console_of, first, render, require, submitted
+from conventions.observability import shown
 from conventions.ops import replay as replaylib
 from conventions.store.records import Category, DeadLetter
 from conventions.task import ConventionTask
@@ -73,7 +74,7 @@ async def index(request: Request) -> Response:
     filters = Filters(*(q.get(name, "").strip() for name in ("task", "category", "since", "key")))
     records = await run_in_threadpool(_records, app, filters)
     tasks = sorted(name for name, t in app.tasks.items() if isinstance(t, ConventionTask))
-    rows = [(r, replayable(app, r.task)) for r in records]
+    rows = [(shown.dead_letter(app, r), replayable(app, r.task)) for r in records]
     context = {
         "rows": rows,
         "filters": filters,
@@ -89,9 +90,10 @@ async def detail(request: Request) -> Response:
     who = await require(request, "view")
     app = console_of(request).app
     record_id = request.path_params["record_id"]
-    record = await run_in_threadpool(app.store.get_dead_letter, record_id)
-    if record is None:
+    found = await run_in_threadpool(app.store.get_dead_letter, record_id)
+    if found is None:
         raise Refused(404, f"no dead letter with id {record_id!r}")
+    record = shown.dead_letter(app, found)  # the key, payload and texts as shown anywhere
     can = replayable(app, record.task)
     context = {
         "record": record,

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from conventions.console import views
 from conventions.console.context import Refused, console_of, render, require
-from conventions.observability import progress
+from conventions.observability import progress, shown
 from conventions.observability import runs as runlib
 from conventions.store.runs import STATES, Run
 from conventions.task import ConventionTask
@@ -74,7 +74,8 @@ def _running(app: Any) -> tuple[list[tuple[Run, dict[str, Any] | None]], list[tu
 
 def _page(app: Any, filters: Filters) -> dict[str, Any]:
     running, stuck = _running(app)
-    return {"recent": _recent(app, filters), "running": running, "stuck": stuck}
+    recent = [shown.run(app, run) for run in _recent(app, filters)]
+    return {"recent": recent, "running": running, "stuck": stuck}
 
 
 def running_json(run: Run, done: dict[str, Any] | None) -> dict[str, Any]:
@@ -129,13 +130,14 @@ def _detail(app: Any, task_id: str) -> dict[str, Any] | None:
         family = store.list_runs(correlation_id=run.correlation_id, limit=LIMIT)
         children = [other for other in family if other.causation_id == f"job:{run.id}"]
     stuck = runlib.stuck(store, [run], lambda task: time_limit(app, task)) if run.live else []
+    run = shown.run(app, run)  # its key, errors and logs as shown anywhere
     return {
         "run": run,
         "children": children,
         "progress": progress.read_progress(store, run.id),
         "stuck": stuck[0][1] if stuck else "",
-        "errors": [views.scrubbed(a.error) for a in run.attempts],
-        "logs": [views.scrubbed(line) for line in run.logs],
+        "errors": [a.error for a in run.attempts],
+        "logs": list(run.logs),
     }
 
 

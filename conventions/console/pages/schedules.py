@@ -3,7 +3,9 @@ send an occurrence now; pause and resume an entry (``conventions.schedules.pause
 sends nothing of a paused entry; a trigger still sends the occurrence it names).
 
 "Trigger" sends the occurrence the page shows (the latest one due, named on the button
-and posted with the form) exactly as beat would (``conventions.schedules.beat.trigger``):
+and posted with the form) exactly as beat would (``conventions.schedules.triggers``: an
+edited form naming another occurrence, older than the current one and outside the
+entry's catch-up window, or still to come, is refused with its reason and audited):
 its business key is the occurrence's, so a double click, a second operator or beat
 itself sends it once, even when the clock passes the next occurrence between two
 clicks. The trigger is audited
@@ -24,9 +26,8 @@ from conventions.console import views
 from conventions.console.context import Refused, console_of, first, render, require, submitted
 from conventions.errors import ConfigurationError
 from conventions.observability import audit
-from conventions.schedules import beat, overlap, pauses, watchdog
 from conventions.schedules import entries as schedules
-from conventions.schedules.cadence import aware
+from conventions.schedules import overlap, pauses, triggers, watchdog
 from conventions.tracing import headers as hdr
 
 
@@ -73,29 +74,14 @@ async def index(request: Request) -> Response:
     return render(request, who, "schedules.html", {"rows": found, "when": views.when})
 
 
-def _moment(text: str) -> dt.datetime | None:
-    """The occurrence the page showed (its ISO time), never one still to come."""
-    if not text:
-        return None
-    try:
-        moment = aware(dt.datetime.fromisoformat(text))
-    except ValueError as exc:
-        raise Refused(400, f"at {text!r}: {exc}") from exc
-    if moment > schedules.now():
-        raise Refused(400, f"at {text}: that occurrence is still to come")
-    return moment
-
-
 def _trigger(app: Any, name: str, at: str, actor: str) -> dict[str, Any]:
-    schedules.use_clock(app.conf)
-    moment = _moment(at)
     try:
-        entry = schedules.find(app, name)
-        result = beat.trigger(app, name, moment, actor=actor)
+        occurrence, result = triggers.send(app, name, at, actor)
+    except triggers.NotOffered as exc:
+        raise Refused(400, str(exc)) from exc
     except ConfigurationError as exc:
         raise Refused(404, str(exc)) from exc
-    found = entry.schedule.latest(moment or schedules.now())
-    occurrence = entry.occurrence(found or schedules.now())
+    entry = schedules.find(app, name)
     sent = not getattr(result, "deduplicated", False)
     headers = {hdr.CORRELATION: occurrence.correlation_id, hdr.IDEMPOTENCY_KEY: occurrence.key}
     detail = {"actor": actor, "schedule": name, "occurrence": occurrence.label, "sent": sent}
