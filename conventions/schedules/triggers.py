@@ -95,7 +95,7 @@ def _of_day(day: date, end: datetime, current: datetime) -> datetime:
 
 def refused(app: Any, entry: schedules.Entry, asked: str, reason: str, actor: str) -> None:
     """Audit a refused trigger under the entry's trail."""
-    headers = {hdr.CORRELATION: pauses.correlation(entry.name), hdr.ACTOR: actor}
+    headers = {hdr.CORRELATION: pauses.ENTRIES.correlation(entry.name), hdr.ACTOR: actor}
     detail = {"actor": actor, "schedule": entry.name, "asked": asked[:200], "reason": reason}
     audit.record(app.store, REFUSED, entry.task, uuid.uuid4().hex, headers, detail=detail)
 

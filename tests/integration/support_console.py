@@ -82,12 +82,12 @@ def hostile_everywhere() -> DeadLetter:
     record = dead_letter(XSS, XSS, {XSS: XSS}, XSS)
     run(XSS, XSS_ID, XSS, XSS)
     document = {"queue": "email", "actor": XSS, "at": XSS, "reason": XSS, "workers": []}
-    app.store.put_state(pauses.state_name("email"), document, 300)
+    app.store.put_state(pauses.QUEUES.record("email"), document, 300)
     entry = {"entry": "watchdog", "actor": XSS, "at": XSS, "reason": XSS}
-    app.store.put_state(schedule_pauses.state_name("watchdog"), entry, 300)
+    app.store.put_state(schedule_pauses.ENTRIES.record("watchdog"), entry, 300)
     return record
 
 
 def clear_pauses() -> None:
-    app.store.delete_state(pauses.state_name("email"))
-    app.store.delete_state(schedule_pauses.state_name("watchdog"))
+    app.store.delete_state(pauses.QUEUES.record("email"))
+    app.store.delete_state(schedule_pauses.ENTRIES.record("watchdog"))
