@@ -23,9 +23,7 @@ WORKLOADS = {"default": "example"}
 
 # every setting the layer's promises rest on (late acks, the inbox transport, bounded
 # publishes, ...): see docs/howto/adopt.md
-globals().update(
-    profile.reliable(broker_url=_broker, store_url=_store, result_backend=_store)
-)
+globals().update(profile.reliable(broker_url=_broker, store_url=_store, result_backend=_store))
 # the project's own: its workloads (the app declares their queues and routes)
 conventions_workloads = WORKLOADS
 

@@ -21,9 +21,7 @@ from conventions.config import profile
 _broker = os.environ.get("SHOP_BROKER_URL", "redis://localhost:6379/0")
 _store = os.environ.get("SHOP_STORE_URL", "redis://localhost:6379/1")
 
-globals().update(
-    profile.reliable(broker_url=_broker, store_url=_store, result_backend=_store)
-)
+globals().update(profile.reliable(broker_url=_broker, store_url=_store, result_backend=_store))
 #: workloads -> queues
 conventions_workloads = {"email": "email", "reports": "reports"}
 #: the schedule beat sends (tasks/schedule.py)

@@ -35,9 +35,7 @@ app.conf.conventions_doctor_levels = {{"redis-no-persistence": "off"}}
 def doctor(tmp_path: Path, extra: str = "") -> list[dict[str, Any]]:
     """The findings of ``conventions -A adopter_doctor doctor --static --json``."""
     broker, store = f"{REDIS_BASE}/{BROKER_DB}", f"{REDIS_BASE}/{STORE_DB}"
-    (tmp_path / "adopter_doctor.py").write_text(
-        APP.format(broker=broker, store=store, extra=extra)
-    )
+    (tmp_path / "adopter_doctor.py").write_text(APP.format(broker=broker, store=store, extra=extra))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     done = subprocess.run(
         [str(BIN / "conventions"), "-A", "adopter_doctor", "doctor", "--static", "--json"],
