@@ -51,7 +51,8 @@ class WatchdogRun(Payload):
 
 
 def register(app: Any, workload: str | None = None) -> ConventionTask:
-    """Declare ``ops.watchdog.v1`` on ``app``, on ``workload`` (default: :func:`default_workload`)."""
+    """Declare ``ops.watchdog.v1`` on ``app``, on ``workload`` (by default the one
+    :func:`default_workload` chooses)."""
     chosen = workload if workload is not None else default_workload(app)
 
     def watchdog(payload: WatchdogRun, ctx: JobContext) -> int:

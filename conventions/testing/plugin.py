@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,7 +62,7 @@ def _option(config: pytest.Config, name: str, env: str) -> str | None:
 PYTHONPATH_HINT = (
     "the app under test (cc_app = {spec!r}) cannot be imported: no module named "
     "{missing!r} on pytest's path. A project that is not installed (no `pip install -e .`) "
-    "puts its root on the path: pythonpath = [\".\"] in the [tool.pytest.ini_options] of "
+    'puts its root on the path: pythonpath = ["."] in the [tool.pytest.ini_options] of '
     "pyproject.toml (docs: Test your jobs)"
 )
 
@@ -92,7 +92,9 @@ def load_app(spec: str) -> Any:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
     """A test module that cannot import the app's package (``from tasks import ...`` in a
     project not installed) gets the same hint beside its collection error."""
     report = yield

@@ -15,7 +15,7 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from conventions import Backoff, Id, JobContext, Payload
+from conventions import Backoff, Id, JobContext, Payload, PermanentError
 from tasks import app
 from tests.integration.helpers import http_status
 
@@ -121,6 +121,12 @@ def stuck(payload: Call, ctx: JobContext) -> None:
             time.sleep(0.1)
         except SoftTimeLimitExceeded:
             continue
+
+
+@app.job("testing.declined.v1", payload=Call, key="declined:{call_id}", workload="email")
+def declined(payload: Call, ctx: JobContext) -> None:
+    """A declared outcome: the provider refused for good (``permanent``)."""
+    raise PermanentError(f"card declined for {payload.call_id}")
 
 
 @app.job("testing.unstorable.v1", payload=Call, key="unstorable:{call_id}", workload="email")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 #: a hang guard only: these runs take a second
 HANG_GUARD = 60.0
+PYTEST = str(Path(sys.executable).parent / "pytest")
 HINT = 'pythonpath = ["."] in the [tool.pytest.ini_options]'
 
 
@@ -37,7 +38,7 @@ def pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("PYTHONPATH", None)
     return subprocess.run(
-        [str(Path(sys.executable).parent / "pytest"), "-p", "conventions", "-p", "no:cacheprovider", *args],
+        [PYTEST, "-p", "conventions", "-p", "no:cacheprovider", *args],
         cwd=root, env=env, capture_output=True, text=True, timeout=HANG_GUARD, check=False,
     )  # fmt: skip
 
