@@ -5,8 +5,9 @@ A declared dead letter (``PermanentError``) is an expected outcome: the worker's
 one warning line naming the category and the record's id, and Celery's own line is
 ``raised expected`` at INFO without a traceback (it was ``raised unexpected`` at ERROR
 with the whole traceback, for every card declined). A return value JSON cannot encode is
-refused at the run, as a ``bug`` dead letter, in the test kit and on a real worker: the
-run history and Celery tell one story (it was ``succeeded`` in one, FAILURE in the other).
+refused at the run, as a ``bug`` dead letter, in the test kit (here) and on a real
+worker (``test_results``, Celery's worker in a thread): the run history and Celery tell
+one story (it was ``succeeded`` in one, FAILURE in the other).
 """
 
 from __future__ import annotations
@@ -48,21 +49,6 @@ def test_a_declared_dead_letter_logs_one_warning_and_no_traceback_on_a_real_work
     assert "Traceback" not in log
     assert not [line for line in mine if "ERROR" in line]
     assert record.category is Category.PERMANENT
-
-
-def test_an_unstorable_return_value_is_a_bug_dead_letter_on_a_real_worker(
-    worker_process: Callable[..., Any],
-) -> None:
-    worker_process("unstorable", "email", concurrency=1)
-    handle = support_jobs.unstorable.delay(call_id=f"call_{uuid.uuid4().hex[:10]}")
-
-    record = wait_for(lambda: dead_letter_of(handle.id), timeout=60)
-    wait_for(lambda: handle.state == "FAILURE")
-
-    assert record.category is Category.BUG
-    assert "cannot be stored as the job's result" in record.message
-    run = wait_for(lambda: support_jobs.app.store.get_run(handle.id))
-    assert run.state == "dead_lettered"
 
 
 def _kit_app() -> App:
