@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install services lint typecheck docs unit test chaos demo bench clean
+.PHONY: install services test-deps lint typecheck docs unit test chaos demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,11 @@ install: $(STAMP)
 
 services:
 	bash scripts/services.sh
+
+# the system tools some tests need (chromium, chromium-driver, promtool, faketime,
+# docker-compose): apt-get installs the missing ones when run as root; otherwise it says how
+test-deps:
+	bash scripts/test-deps.sh
 
 lint: install
 	$(BIN)/ruff check .
@@ -34,7 +39,7 @@ unit: install
 # pytest exits 5 when it collects nothing: make fails then, so CI never passes on nothing.
 # The long chaos runs (marked `chaos`: kill -9, SIGTERM, Redis crashes, thousands of jobs)
 # are `make chaos`; CI (.ci/run) runs both.
-test: install services lint typecheck docs
+test: install services test-deps lint typecheck docs
 	$(BIN)/python scripts/check_layering.py
 	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -m "not chaos" -p no:cacheprovider --durations=15
 

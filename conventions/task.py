@@ -42,6 +42,7 @@ from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from conventions.worker import delivery as runner
 from conventions.worker import signals
+from conventions.worker.exits import ExpectedDeadLetter
 
 logger = logging.getLogger("conventions.task")
 
@@ -66,6 +67,9 @@ class ConventionTask(Task):  # type: ignore[misc]
     max_retries = None  # attempts are ours: see ``backoff``
     acks_late = True
     reject_on_worker_lost = True
+    #: a declared dead letter's exception is an expected outcome: Celery logs it at INFO
+    #: without a traceback, the layer a warning naming the record
+    throws = (ExpectedDeadLetter,)
 
     #: the pydantic payload model
     payload: ClassVar[type[Payload]]

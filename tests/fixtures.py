@@ -20,9 +20,41 @@ from tests.conftest import BROKER_DB, PG_BASE, REDIS_BASE, SHOP_DB, STORE_DB
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: how a missing service gets started: ``make test`` runs it first
+START_SERVICES = (
+    "make services (scripts/services.sh) starts Redis, PostgreSQL and RabbitMQ when they "
+    "are installed: apt-get install redis-server postgresql rabbitmq-server"
+)
+#: the Debian packages of the system tools some tests run (scripts/test-deps.sh, which
+#: ``make test`` runs, installs the missing ones as root on a machine with apt-get)
+TOOL_PACKAGES = {
+    "chromium": "chromium chromium-driver",
+    "promtool": "prometheus",
+    "faketime": "faketime",
+    "docker-compose": "docker-compose",
+}
+
+
 def unavailable(what: str, exc: BaseException) -> NoReturn:
     """Skip on a laptop without the service; fail in CI, where it must be there."""
-    message = f"{what} is not reachable ({exc}); start it (see README: make test does)"
+    _skip_or_fail(f"{what} is not reachable ({exc}); start it: {START_SERVICES}")
+
+
+def missing_tool(tool: str) -> str:
+    """Why a test of ``tool`` cannot run, saying how to install it."""
+    packages = TOOL_PACKAGES[tool]
+    return (
+        f"{tool} is not installed: sudo apt-get install --no-install-recommends {packages} "
+        "(make test runs scripts/test-deps.sh, which installs it when run as root with apt-get)"
+    )
+
+
+def tool_unavailable(tool: str) -> NoReturn:
+    """Skip on a laptop without the system tool; fail in CI, where it must be there."""
+    _skip_or_fail(missing_tool(tool))
+
+
+def _skip_or_fail(message: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)

@@ -14,7 +14,7 @@ any other fault, and :func:`describe` says which backend it was, in one line.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -93,15 +93,58 @@ def bounded(app: Any, timeout: float) -> Iterator[None]:
     store_was_open = "_cc_store" in app.__dict__  # App.store's cache (conventions.app)
     conf.update(_replacements(conf, timeout))
     _forget_connections(app, store=not store_was_open)
+    own = {name: value for name, value in saved.items() if value is not missing}
+    app.__dict__[_OWN] = (own, {name for name in saved if name not in own})
     try:
         yield
     finally:
+        app.__dict__.pop(_OWN, None)
         for name, value in saved.items():
             if value is missing:
                 conf.pop(name, None)
             else:
                 conf[name] = value
         _forget_connections(app, store=not store_was_open)
+
+
+#: where :func:`bounded` keeps the app's own values of what it replaced
+_OWN = "_cc_own_settings"
+
+
+class OwnSettings(Mapping[str, Any]):
+    """The app's configuration as the app set it, the command's bounded replacements
+    (:data:`REPLACED`) left out: what a check of the app's settings must read (the
+    doctor), not what this command runs with."""
+
+    def __init__(self, conf: Any, saved: dict[str, Any], absent: set[str]) -> None:
+        self._conf, self._saved, self._absent = conf, saved, absent
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._absent:
+            raise KeyError(key)
+        return self._saved[key] if key in self._saved else self._conf[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key in self._conf if key not in self._absent)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __getattr__(self, name: str) -> Any:  # Celery's conf reads settings as attributes
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def own_settings(app: Any) -> Mapping[str, Any]:
+    """``app.conf`` without the bounded replacements of a running command (the conf
+    itself outside one)."""
+    kept = app.__dict__.get(_OWN)
+    if kept is None:
+        return app.conf  # type: ignore[no-any-return]
+    saved, absent = kept
+    return OwnSettings(app.conf, saved, absent)
 
 
 def _forget_connections(app: Any, *, store: bool) -> None:

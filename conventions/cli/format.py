@@ -14,6 +14,7 @@ from typing import Any
 
 from conventions.observability.trace import Job
 from conventions.ops.replay import ReplayOutcome
+from conventions.store import key_forms
 from conventions.store.records import DeadLetter
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -104,7 +105,8 @@ def dead_letter_detail(record: DeadLetter) -> str:
         ("worker", record.worker),
         ("queue", record.queue or "-"),
         ("correlation id", record.correlation_id or "-"),
-        ("idempotency key", record.idempotency_key or "-"),
+        ("idempotency key", key_forms.both(record.task, record.idempotency_key)[0]),
+        ("store key", key_forms.both(record.task, record.idempotency_key)[1]),
         ("replayed", when(record.replayed_at) if record.replayed_at else "no"),
     ]
     width = max(len(name) for name, _ in fields) + 1

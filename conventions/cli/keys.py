@@ -14,7 +14,12 @@ Clearing is the repair for what no signal reports: a queue purged (``celery purg
 ``conventions_ledger_keep`` (7 days), and every ``.delay()`` of the key meanwhile answers
 the gone job's handle. Clearing a key whose job is still waiting or running lets a
 duplicate be published; the ledger still runs the body once per key, but look first.
-Exit status: 0 done (``clear`` of an empty key too: nothing to do), 2 a usage error.
+KEY is either form: as the body sees it (``charge:inv_4004``) or as the store keeps it,
+under the task's namespace (``billing.charge_invoice:charge:inv_4004``, as dead letters
+show it). A bare key is looked for as typed and under each job's namespace; both forms
+are printed. Exit status: 0 done (``clear`` of an empty key too: nothing to do), 1
+``show`` found nothing held (it says which keys it looked for), 2 a usage error (a bare
+key held under two jobs' namespaces: name one).
 """
 
 from __future__ import annotations
@@ -25,8 +30,17 @@ import click
 
 from conventions.app import App
 from conventions.cli import format as fmt
-from conventions.cli.base import USAGE, Failure, Group, actor_default, command, json_option
+from conventions.cli.base import (
+    REFUSED,
+    USAGE,
+    Failure,
+    Group,
+    actor_default,
+    command,
+    json_option,
+)
 from conventions.observability import audit, shown
+from conventions.store import key_forms
 from conventions.store.base import KeyState
 from conventions.tracing import headers as hdr
 
@@ -50,8 +64,30 @@ def trail_of(key: str) -> str:
     return f"key:{key}"
 
 
-def describe(state: KeyState) -> str:
-    """``state`` for a person: one line for the reservation, one for the ledger."""
+def resolve(app: App, key: str) -> tuple[KeyState, list[str]]:
+    """What the store holds for ``key`` in whichever form holds something (as typed,
+    then under each job's namespace), and the store keys looked at. Nothing held: the
+    empty state of the key as typed."""
+    forms = key_forms.store_forms(key, key_forms.job_names(app))
+    held = [state for state in map(app.store.key_state, forms) if not state.empty]
+    if len(held) > 1:
+        raise Failure(
+            f"keys: {key!r} is held under {len(held)} jobs' namespaces "
+            f"({', '.join(state.key for state in held)}): name one",
+            USAGE,
+        )
+    return (held[0] if held else app.store.key_state(forms[0])), forms
+
+
+def body_key(app: App, stored: str) -> str | None:
+    """``stored`` as the body sees it, when it carries a job's namespace."""
+    spaces = key_forms.carried(stored, key_forms.job_names(app))
+    return stored[len(spaces[0]) + 1 :] if spaces else None
+
+
+def describe(state: KeyState, bare: str | None = None) -> str:
+    """``state`` for a person: the key in both forms (``bare``: as the body sees it),
+    one line for the reservation, one for the ledger."""
     reserved = "none"
     if state.reserved_by is not None:
         until = fmt.when(state.reserved_until) if state.reserved_until else "released"
@@ -62,22 +98,28 @@ def describe(state: KeyState) -> str:
         if state.ledger_outcome:
             ledger += f", outcome {fmt.first_line(state.ledger_outcome)}"
         ledger += f") until {fmt.when(state.ledger_until)}"
-    return f"key          {state.key}\nreservation  {reserved}\nledger       {ledger}"
+    key = f"key          {bare}\nstore key    {state.key}" if bare else f"key          {state.key}"
+    return f"{key}\nreservation  {reserved}\nledger       {ledger}"
 
 
-KEY_HELP = "the idempotency key, e.g. receipt:ord_1"
+KEY_HELP = "the idempotency key, either form: receipt:ord_1 or email.send_receipt:receipt:ord_1"
 
 
 @command("show")
 @click.argument("key", metavar="KEY")
 @json_option
 def show_command(app: App, key: str, as_json: bool) -> int:
-    """The key's reservation and ledger entry."""
-    state = shown.key_state(app, app.store.key_state(key))
+    """The key's reservation and ledger entry (KEY: either form)."""
+    state, looked = resolve(app, key)
+    state = shown.key_state(app, state)  # sensitive fields redacted, as the console shows
+    bare = body_key(app, state.key)
     if as_json:
-        print(json.dumps(state.to_dict(), indent=2))
-    else:
-        print(describe(state))
+        print(json.dumps({**state.to_dict(), "body_key": bare, "looked_for": looked}, indent=2))
+        return REFUSED if state.empty else 0
+    if state.empty:
+        raise Failure(f"keys show: nothing held for {key!r} (looked for {', '.join(looked)})",
+                      REFUSED)  # fmt: skip
+    print(describe(state, bare))
     return 0
 
 
@@ -89,7 +131,8 @@ def show_command(app: App, key: str, as_json: bool) -> int:
 def clear_command(app: App, key: str, reason: str, actor: str, as_json: bool) -> int:
     """Drop the key's reservation and ledger entry (recorded in the audit trail)."""
     store = app.store
-    seen = store.key_state(key)
+    seen, _ = resolve(app, key)
+    key = seen.key  # the form that holds something (else the key as typed)
     headers = {hdr.CORRELATION: trail_of(key), hdr.IDEMPOTENCY_KEY: key, hdr.ACTOR: actor}
     event = audit.event(
         CLEARED, "", seen.reserved_by or "", headers,
@@ -100,7 +143,7 @@ def clear_command(app: App, key: str, reason: str, actor: str, as_json: bool) ->
     if as_json:
         print(json.dumps({"cleared": cleared.to_dict(), "trail": trail_of(key)}))
         return 0
-    print(describe(cleared))
+    print(describe(cleared, body_key(app, cleared.key)))
     print(
         f"cleared by {actor}; audit: conventions trace {trail_of(key)}"
         if not cleared.empty

@@ -57,12 +57,15 @@ def run_doctor(app: Any, as_json: bool, static: bool, reply_timeout: float) -> i
 def static_checks(app: Any, timeout: float) -> list[doctor.Finding]:
     """The doctor's static checks, asking each Redis server for its settings with the
     command's timeout (the doctor's own client waits 5 s per call, twice, on a server that
-    accepts and never answers)."""
-    findings = doctor.static_checks(app, server=False)
-    for url in doctor.redis_servers(app.conf):
+    accepts and never answers). The checks read the app's own settings, not the bounded
+    ones this command runs with (``result_backend_always_retry`` is off for the command,
+    never for the app's workers)."""
+    own = backends.own_settings(app)
+    findings = doctor.static_checks(app, server=False, conf=own)
+    for url in doctor.redis_servers(own):
         bounded = url if ";" in url else backends.with_timeouts(url, timeout)
-        server = doctor._redis_server_checks(bounded, app.conf)
-        findings += doctor.apply_levels(server, app.conf)
+        server = doctor._redis_server_checks(bounded, own)
+        findings += doctor.apply_levels(server, own)
     return findings
 
 

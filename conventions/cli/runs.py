@@ -7,7 +7,9 @@
 ``list`` prints the newest runs first (by when they were queued), filtered; ``show`` one
 run whole: its fields, each attempt (worker, start, end, outcome, scrubbed error) and,
 for a job that keeps them (``conventions.observability.runs.keep_logs``), its log lines.
-Exit status: 0 done, 1 no such run, 2 a usage error.
+``--key`` takes the key in either form: as the body sees it (``charge:inv_4004``) or as
+the store and dead letters keep it (``billing.charge_invoice:charge:inv_4004``); ``show``
+prints both. Exit status: 0 done, 1 no such run, 2 a usage error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from conventions.app import App
 from conventions.cli import format as fmt
 from conventions.cli.base import REFUSED, Failure, Group, Parsed, command, json_option, print_json
 from conventions.observability import shown
+from conventions.store import key_forms
 from conventions.store.runs import STATES, Run
 
 SINCE = Parsed(fmt.parse_since, "WHEN")
@@ -46,7 +49,8 @@ def run_detail(run: Run) -> str:
         ("id", run.id), ("task", run.task), ("version", run.version), ("state", run.state),
         ("queued", fmt.when(run.created_at)), ("updated", fmt.when(run.updated_at)),
         ("ended", fmt.when(run.ended_at) if run.ended_at else "-"), ("queue", run.queue),
-        ("key", run.key), ("correlation", run.correlation_id), ("causation", run.causation_id),
+        ("key", run.key), ("store key", key_forms.both(run.task, run.key)[1] if run.key else None),
+        ("correlation", run.correlation_id), ("causation", run.causation_id),
         ("actor", run.actor), ("category", run.category), ("dead letter", run.dead_letter_id),
         ("replay of", run.replay_of), ("replayed by", run.replayed_by),
     ]  # fmt: skip
@@ -70,7 +74,9 @@ def run_detail(run: Run) -> str:
 @command("list")
 @click.option("--task", help="the task name, e.g. email.send_receipt.v1")
 @click.option("--state", type=click.Choice(STATES), help="the run's state")
-@click.option("--key", help="the idempotency key (as the body sees it)")
+@click.option(
+    "--key", help="the idempotency key, either form: as the body sees it or as the store keeps it"
+)
 @click.option("--correlation", help="the correlation id")
 @click.option("--queue", help="the queue it was delivered from")
 @click.option("--since", type=SINCE, help="queued since: 2h, 3d, or an ISO 8601 time")
@@ -88,9 +94,9 @@ def list_command(  # noqa: PLR0917
     as_json: bool,
 ) -> int:
     """The newest runs first, filtered."""
-    found = app.store.list_runs(
-        task=task, state=state, key=key, correlation_id=correlation, queue=queue,
-        since=since, limit=limit,
+    found = key_forms.list_runs(
+        app.store, key_forms.job_names(app), key, task=task, state=state,
+        correlation_id=correlation, queue=queue, since=since, limit=limit,
     )  # fmt: skip
     found = [shown.run(app, run) for run in found]
     if as_json:

@@ -37,6 +37,7 @@ from conventions.console.context import Console, Refused, base_path, render  # n
 from conventions.console.context import require as allowed  # noqa: E402
 from conventions.console.pages import deadletters, queues, runs, schedules, trace  # noqa: E402
 from conventions.errors import ConfigurationError  # noqa: E402
+from conventions.store import key_forms  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 #: what every response says to the browser: no framing, scripts and styles of ours only
@@ -139,6 +140,8 @@ def console_app(
             )
         authorizer = auth.local_admin
     templates = Jinja2Templates(directory=HERE / "templates")
+    # a key in both forms: as the body sees it, as the store keeps it (conventions.store.key_forms)
+    templates.env.globals["key_forms"] = key_forms.both
     console = Console(
         app=app,
         authorizer=authorizer,

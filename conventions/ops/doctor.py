@@ -67,16 +67,19 @@ def user_tasks(app: Any) -> list[Any]:
     return [t for name, t in sorted(app.tasks.items()) if not name.startswith("celery.")]
 
 
-def static_checks(app: Any, *, server: bool = True) -> list[Finding]:
+def static_checks(app: Any, *, server: bool = True, conf: Any = None) -> list[Finding]:
     """Every static finding, with the app's level overrides applied; ``server=False``
-    skips asking the broker's Redis for its settings."""
-    findings = list(_config_checks(app.conf))
+    skips asking the broker's Redis for its settings. ``conf`` is the configuration
+    checked (default ``app.conf``): a command passes the app's own settings, not the
+    bounded ones it runs with."""
+    conf = app.conf if conf is None else conf
+    findings = list(_config_checks(conf))
     for task in user_tasks(app):
-        findings.extend(_task_checks(app, task))
+        findings.extend(_task_checks(app, task, conf))
     if server:
-        for url in redis_servers(app.conf):
-            findings.extend(_redis_server_checks(url, app.conf))
-    return apply_levels(findings, app.conf)
+        for url in redis_servers(conf):
+            findings.extend(_redis_server_checks(url, conf))
+    return apply_levels(findings, conf)
 
 
 def _config_checks(conf: Any) -> Iterator[Finding]:
@@ -116,8 +119,8 @@ def profile_findings(conf: Any, skip: Iterable[str] = ()) -> Iterator[Finding]:
         )  # fmt: skip
 
 
-def _task_checks(app: Any, task: Any) -> Iterator[Finding]:
-    conf, name = app.conf, task.name
+def _task_checks(app: Any, task: Any, conf: Any) -> Iterator[Finding]:
+    name = task.name
     try:
         routing.routed_queue(app, task)
     except QueueNotFound as exc:

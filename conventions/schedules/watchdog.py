@@ -23,6 +23,8 @@ import logging
 import uuid
 from typing import Any
 
+from conventions.errors import ConfigurationError
+from conventions.jobs import routing
 from conventions.jobs.payloads import Payload
 from conventions.observability import alerts, audit
 from conventions.schedules import entries as schedules
@@ -48,15 +50,38 @@ class WatchdogRun(Payload):
     checked_at: dt.datetime
 
 
-def register(app: Any, workload: str = "light") -> ConventionTask:
-    """Declare ``ops.watchdog.v1`` on ``app`` (its workload must be one the app knows)."""
+def register(app: Any, workload: str | None = None) -> ConventionTask:
+    """Declare ``ops.watchdog.v1`` on ``app``, on ``workload`` (by default the one
+    :func:`default_workload` chooses)."""
+    chosen = workload if workload is not None else default_workload(app)
 
     def watchdog(payload: WatchdogRun, ctx: JobContext) -> int:
         """Check every expectation; return how many alarms were raised."""
         return len(check(app, ctx.task_id))
 
-    declare = app.job(TASK, payload=WatchdogRun, key="watchdog:{checked_at}", workload=workload)
+    declare = app.job(TASK, payload=WatchdogRun, key="watchdog:{checked_at}", workload=chosen)
     return declare(watchdog)  # type: ignore[no-any-return]
+
+
+def default_workload(app: Any) -> str:
+    """The watchdog's workload when ``register`` is given none: ``light`` when the app
+    knows it (the default workloads do), else the workload routed to the app's default
+    queue, else the app's only workload. An app with several and none of those must say
+    which: the error names ``workload=`` (the watchdog is a short job; a light lane)."""
+    known = routing.workloads(app.conf)
+    if "light" in known:
+        return "light"
+    default_queue = app.conf.get("task_default_queue")
+    on_default = [name for name, queue in known.items() if queue == default_queue]
+    if on_default:
+        return on_default[0]
+    if len(known) == 1:
+        return next(iter(known))
+    raise ConfigurationError(
+        f"{TASK}: no workload 'light' and none routed to the default queue "
+        f"{default_queue!r}; pass the watchdog's workload: watchdog.register(app, "
+        f"workload=...), one of {sorted(known)} (a queue of short jobs)"
+    )
 
 
 def entry(minutes: int = 1, *, seconds: float | None = None) -> Entry:

@@ -190,7 +190,8 @@ class JobKit:
         entries: list[str] | None = None,
         run_jobs: bool = False,
     ) -> list[schedules.Sent]:
-        """Beat for this much virtual time (see :mod:`conventions.testing.schedules`)."""
+        """Beat for this much virtual time (see :mod:`conventions.testing.schedules`):
+        every entry but the watchdog's, or those ``entries`` names."""
         duration = timedelta(days=days, hours=hours, minutes=minutes)
         return schedules.run_schedule(
             self.app, self.capture, self.store, duration, entries=entries, run_jobs=run_jobs

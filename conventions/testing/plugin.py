@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,10 +58,53 @@ def _option(config: pytest.Config, name: str, env: str) -> str | None:
     return str(value) if value else None
 
 
+#: what to do when the app's own module is not on the path (a project not installed)
+PYTHONPATH_HINT = (
+    "the app under test (cc_app = {spec!r}) cannot be imported: no module named "
+    "{missing!r} on pytest's path. A project that is not installed (no `pip install -e .`) "
+    'puts its root on the path: pythonpath = ["."] in the [tool.pytest.ini_options] of '
+    "pyproject.toml (docs: Test your jobs)"
+)
+
+
+def _app_module_missing(spec: str, exc: BaseException) -> str | None:
+    """The module of ``spec`` that ``exc`` says is missing (the app's own package, not a
+    dependency it imports), else None."""
+    module = spec.partition(":")[0]
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing and (module == missing or module.startswith(f"{missing}.")):
+        return str(missing)
+    return None
+
+
 def load_app(spec: str) -> Any:
-    """The object ``"module:attribute"`` names (``"tasks"`` alone: ``tasks.app``)."""
+    """The object ``"module:attribute"`` names (``"tasks"`` alone: ``tasks.app``); a
+    usage error saying how to put the project on the path when its module is not."""
     module, _, attribute = spec.partition(":")
-    return getattr(importlib.import_module(module), attribute or "app")
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = _app_module_missing(spec, exc)
+        if missing is None:
+            raise
+        raise pytest.UsageError(PYTHONPATH_HINT.format(spec=spec, missing=missing)) from exc
+    return getattr(imported, attribute or "app")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A test module that cannot import the app's package (``from tasks import ...`` in a
+    project not installed) gets the same hint beside its collection error."""
+    report = yield
+    spec = collector.config.getoption("--cc-app") or collector.config.getini("cc_app")
+    if report.failed and spec:
+        module = str(spec).partition(":")[0].split(".")[0]
+        if f"No module named '{module}'" in str(report.longrepr):
+            hint = PYTHONPATH_HINT.format(spec=str(spec), missing=module)
+            report.sections.append(("conventions test kit", hint))
+    return report
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ from conventions.tracing import logs, scrubbing
 from conventions.tracing.context import Trace
 from conventions.tracing.headers import READY
 from conventions.worker import signals
-from conventions.worker.exits import Exits
+from conventions.worker.exits import Exits, expected
 from conventions.worker.job_context import JobContext
 
 if TYPE_CHECKING:
@@ -223,6 +223,9 @@ class Delivery(Exits):
         except Exception as exc:
             keeper.drop(key, self.owner)
             return self.on_failure(exc)
+        if result is not None:  # one that cannot be stored is a bug, not a success
+            keeper.drop(key, self.owner)
+            self.refuse_unencodable(result)
         self.succeeded(ctx)
         return result
 
@@ -388,7 +391,8 @@ class Delivery(Exits):
             )
         self.give_up_claim()
         self.dead_letter(exc, decision.category, decision.reason, alert=decision.alert)
-        raise scrubbing.scrubbed(exc)  # what Celery logs, stores and sends: no personal data
+        shown = scrubbing.scrubbed(exc)  # what Celery logs, stores and sends: no personal data
+        raise shown if decision.alert else expected(shown, self.request.id)  # no ERROR trace
 
 
 def dead_letter_hard_timeout(

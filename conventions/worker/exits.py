@@ -9,10 +9,14 @@ the store is its only home), and a store that cannot take the record keeps the j
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from celery._state import get_current_task
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Reject, Retry
+from kombu.exceptions import EncodeError
 
 from conventions.jobs.decisions import RetryDecision
 from conventions.observability import alerts
@@ -28,6 +32,34 @@ if TYPE_CHECKING:
     from conventions.jobs.protocol import JobTask
 
 logger = logging.getLogger("conventions.worker.delivery")
+#: the id of the job (in this thread) whose exception is a declared dead letter's
+_DECLARED: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "cc_declared_dead_letter", default=None
+)
+
+
+class _DeclaredType(type):
+    def __instancecheck__(cls, instance: Any) -> bool:
+        declared = _DECLARED.get()
+        if declared is None or not isinstance(instance, BaseException):
+            return False
+        task = get_current_task()
+        return task is not None and getattr(task.request, "id", None) == declared
+
+
+class ExpectedDeadLetter(metaclass=_DeclaredType):
+    """Matches (``isinstance``) the exception of a job that ended as a declared dead
+    letter, while Celery still handles that job: in a task's ``throws``, Celery logs it
+    as ``raised expected`` at INFO without a traceback, not ``raised unexpected`` at
+    ERROR. The layer's own line, a warning with the category and the record's id, says
+    what happened; the result is still FAILURE. Matched by the running job's id, not by
+    the exception: Celery may swap it for a pickleable copy before it logs."""
+
+
+def expected(exc: BaseException, task_id: str) -> BaseException:
+    """``exc``, the outcome of job ``task_id``'s declared dead letter."""
+    _DECLARED.set(task_id)
+    return exc
 
 
 class Exits:
@@ -65,6 +97,30 @@ class Exits:
         rejection = self.rejection(reason)
         self.settle_result(rejection)
         raise rejection
+
+    def refuse_unencodable(self, result: Any) -> None:
+        """A return value the result backend cannot encode fails in Celery *after* the
+        ledger has said ``succeeded`` (an ``EncodeError``): two truths about one run.
+        Refused here, before the completion: a ``bug`` dead letter that says why, the
+        claim given up (a replay after the fix runs the body), and Celery's FAILURE.
+        Nothing is checked where Celery stores no result."""
+        task, request = self.task, self.request
+        ignored = task.ignore_result or getattr(request, "ignore_result", False)
+        if result is None or ignored or isinstance(task.backend, DisabledBackend):
+            return
+        try:
+            task.backend.encode(result)
+        except Exception as exc:
+            serializer = getattr(task.backend, "serializer", "json")
+            reason = (
+                f"its return value ({type(result).__qualname__}) cannot be stored as the "
+                f"job's result: {serializer} cannot encode it ({exc}); return ids and small "
+                "scalars (or lists and dicts of them), or None"
+            )
+            refused = EncodeError(reason)
+            self.give_up_claim()
+            self.dead_letter(refused, Category.BUG, reason, alert=True)
+            raise refused from exc
 
     def rejection(self, reason: str) -> Reject:
         """The ``Reject`` that ends a dead-lettered delivery, its reason naming the record:
@@ -163,9 +219,9 @@ class Exits:
                 "correlation_id": record.correlation_id, "category": str(category),
             }  # fmt: skip
             alerts.alert(line, exc=exc, tags={k: v for k, v in tags.items() if v is not None})
-        else:
+        else:  # a declared outcome (permanent, invalid): one line, no traceback
             alerts.mark_handled(exc)  # a decision, not an error report: no Sentry event
-            logger.error("%s", line)
+            logger.warning("%s", line)
 
     def retry(self, exc: Exception, decision: RetryDecision) -> NoReturn:
         """Publish the next attempt as Celery's ``Task.retry`` does (the same id and

@@ -14,16 +14,16 @@ import os
 
 from conventions.config import profile
 
-BROKER_URL = os.environ.get("EXAMPLE_BROKER_URL", "redis://localhost:6379/0")
-STORE_URL = os.environ.get("EXAMPLE_STORE_URL", "redis://localhost:6379/1")
+# private names: a module variable named like an old Celery setting (BROKER_URL)
+# makes every worker warn that the old setting names are deprecated
+_broker = os.environ.get("EXAMPLE_BROKER_URL", "redis://localhost:6379/0")
+_store = os.environ.get("EXAMPLE_STORE_URL", "redis://localhost:6379/1")
 #: workloads -> queues
 WORKLOADS = {"default": "example"}
 
 # every setting the layer's promises rest on (late acks, the inbox transport, bounded
 # publishes, ...): see docs/howto/adopt.md
-globals().update(
-    profile.reliable(broker_url=BROKER_URL, store_url=STORE_URL, result_backend=STORE_URL)
-)
+globals().update(profile.reliable(broker_url=_broker, store_url=_store, result_backend=_store))
 # the project's own: its workloads (the app declares their queues and routes)
 conventions_workloads = WORKLOADS
 

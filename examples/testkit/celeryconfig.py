@@ -16,12 +16,12 @@ import os
 
 from conventions.config import profile
 
-BROKER_URL = os.environ.get("SHOP_BROKER_URL", "redis://localhost:6379/0")
-STORE_URL = os.environ.get("SHOP_STORE_URL", "redis://localhost:6379/1")
+# private names: a module variable named like an old Celery setting (BROKER_URL)
+# makes every worker warn that the old setting names are deprecated
+_broker = os.environ.get("SHOP_BROKER_URL", "redis://localhost:6379/0")
+_store = os.environ.get("SHOP_STORE_URL", "redis://localhost:6379/1")
 
-globals().update(
-    profile.reliable(broker_url=BROKER_URL, store_url=STORE_URL, result_backend=STORE_URL)
-)
+globals().update(profile.reliable(broker_url=_broker, store_url=_store, result_backend=_store))
 #: workloads -> queues
 conventions_workloads = {"email": "email", "reports": "reports"}
 #: the schedule beat sends (tasks/schedule.py)

@@ -30,7 +30,7 @@ from conventions import bind
 from conventions.console import Principal, Role, console_app, csrf
 from conventions.store.records import AuditEvent, DeadLetter
 from tasks import app
-from tests.fixtures import unavailable
+from tests.fixtures import tool_unavailable, unavailable
 from tests.integration import (
     support_console as hostile,  # registers testing.reset_link.v1 before the worker
 )
@@ -93,7 +93,7 @@ def base_url(services: None) -> Iterator[str]:
 def browser() -> Iterator[Any]:
     """Debian's chromium under Playwright (never ``playwright install``)."""
     if not shutil.which(CHROMIUM):
-        unavailable("chromium", FileNotFoundError(f"{CHROMIUM}: apt-get install chromium"))
+        tool_unavailable("chromium")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:

@@ -90,6 +90,11 @@ METHODS: dict[tuple[str, str], str | None] = {
         "(connection: 'Connection', queue_type: 'str', prefix: 'str | None' = None) -> 'None'"
     ),
     ("celery.app.task", "get_actual_ignore_result"): "(task, req)",
+    # conventions.worker.exits: a declared dead letter's exception matches the task's
+    # ``throws`` (logged "raised expected"); an unstorable return value is refused
+    ("celery.app.trace", "get_log_policy"): "(task, einfo, exc)",
+    ("celery.app.trace", "log_policy_expected"): None,
+    ("celery.backends.base", "DisabledBackend"): None,
 }
 
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from conventions import Backoff, Id, JobContext, Payload
+from conventions import Backoff, Id, JobContext, Payload, PermanentError
 from tasks import app
 from tests.integration.helpers import http_status
 
@@ -140,6 +140,12 @@ def worker_had_its_chance(rounds: int = 2, timeout: float = 30) -> None:
     for n in range(rounds):
         result = probe.delay(call_id=f"probe-{uuid.uuid4().hex[:8]}-{n}")
         result.get(timeout=timeout)
+
+
+@app.job("testing.declined.v1", payload=Call, key="declined:{call_id}", workload="email")
+def declined(payload: Call, ctx: JobContext) -> None:
+    """A declared outcome: the provider refused for good (``permanent``)."""
+    raise PermanentError(f"card declined for {payload.call_id}")
 
 
 @app.job("testing.unstorable.v1", payload=Call, key="unstorable:{call_id}", workload="email")

@@ -118,7 +118,7 @@ LISTINGS = {
     "dlq list": (["dlq", "list", "--json"], 0),
     "queues": (["queues", "--json"], 0),
     "schedule list": (["schedule", "list", "--json"], 0),
-    "keys show": (["keys", "show", "nothing:here", "--json"], 0),
+    "keys show": (["keys", "show", "nothing:here", "--json"], 1),  # nothing held: exit 1
     "status": (["status", "no-such-job", "--json"], 1),
     "doctor": (["doctor", "--json", "--static"], None),
     "trace": (["trace", "no-such-story", "--json"], 1),

@@ -4,7 +4,8 @@ With the store and the result backend on one Redis server, a job's STARTED write
 out in its claim's script and its SUCCESS write in its completion's: Redis ``MONITOR``
 shows no ``SETEX`` or ``PUBLISH`` of the result key sent by a client, only by those two
 scripts. Where Celery would not write SUCCESS right after the body (results ignored,
-callbacks, a value it cannot store) the completion still happens, on its own.
+callbacks) the completion still happens, on its own; a value it cannot store is refused
+before the completion (a ``bug`` dead letter).
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import redis
 from conventions import bind
 from conventions.observability import audit
 from conventions.results import redis as results
-from conventions.store.records import ClaimStatus
+from conventions.store.records import Category, ClaimStatus
 from conventions.store.redis import RedisStore
 from conventions.store.redis_results import ResultWrite
 from conventions.tracing import headers as hdr
 from tasks import app
 from tests.conftest import BROKER_DB
 from tests.integration import support_jobs
-from tests.integration.helpers import Monitor, wait_for
+from tests.integration.helpers import Monitor, dead_letter_of, wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
 
@@ -133,13 +134,24 @@ def test_a_job_with_a_callback_completes_before_celery_dispatches_it(call_id: st
     assert is_done(f"echo:{then}")
 
 
-def test_a_value_celery_cannot_store_still_records_the_key_done(call_id: str) -> None:
+def test_a_value_celery_cannot_store_is_a_bug_dead_letter_and_never_recorded_done(
+    call_id: str,
+) -> None:
+    """One truth: the run history and Celery both say it failed (it used to be
+    ``succeeded`` in the ledger and FAILURE, an EncodeError, in Celery)."""
     correlation = f"corr-{call_id}"
     with bind(correlation_id=correlation):
         handle = support_jobs.unstorable.delay(call_id=call_id)
-    wait_for(lambda: handle.state == "FAILURE")  # Celery's EncodeError, after the body
-    assert "succeeded" in events(correlation)
-    assert is_done(f"unstorable:{call_id}")
+    wait_for(lambda: handle.state == "FAILURE")
+    record = wait_for(lambda: dead_letter_of(handle.id))
+    assert record.category is Category.BUG
+    assert "cannot be stored as the job's result" in record.message
+    assert "dead_lettered" in events(correlation)
+    assert "succeeded" not in events(correlation)
+    ledger = app.store.key_state(f"testing.unstorable:unstorable:{call_id}").ledger_state
+    assert ledger != "succeeded"  # the claim given up: a replay after the fix runs
+    run = wait_for(lambda: app.store.get_run(handle.id))
+    assert run.state == "dead_lettered"
 
 
 def test_a_result_is_written_in_the_backends_database(broker_redis: redis.Redis) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.fixtures import missing_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -245,7 +247,7 @@ def test_dockerfile_installs_the_project_and_runs_as_a_non_root_user() -> None:
 
 needs_docker_compose = pytest.mark.skipif(
     shutil.which("docker-compose") is None,
-    reason="docker-compose is not installed (Debian: apt-get install docker-compose)",
+    reason=missing_tool("docker-compose"),
 )
 
 

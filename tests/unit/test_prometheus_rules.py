@@ -26,9 +26,9 @@ REFERENCE = ROOT / "docs" / "reference" / "metrics.md"
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
     found = shutil.which("promtool")
     if found is None:
-        from tests.fixtures import unavailable
+        from tests.fixtures import tool_unavailable
 
-        unavailable("promtool (apt-get install prometheus)", FileNotFoundError("promtool"))
+        tool_unavailable("promtool")
     result = subprocess.run(
         [str(found), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
     )

@@ -20,6 +20,7 @@ from conventions.console import views
 from conventions.console.context import Refused, console_of, first, render, require, submitted
 from conventions.observability import shown
 from conventions.ops import replay as replaylib
+from conventions.store import key_forms
 from conventions.store.records import Category, DeadLetter
 from conventions.task import ConventionTask
 
@@ -63,7 +64,7 @@ def _records(app: Any, filters: Filters) -> list[DeadLetter]:
         task=filters.task or None, category=category, since=since, limit=limit
     )
     if filters.key:
-        records = [r for r in records if r.idempotency_key == filters.key]
+        records = [r for r in records if key_forms.same_key(r.task, r.idempotency_key, filters.key)]
     return list(records[:LIMIT])
 
 

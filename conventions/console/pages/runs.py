@@ -21,6 +21,7 @@ from conventions.console import views
 from conventions.console.context import Refused, console_of, render, require
 from conventions.observability import progress, shown
 from conventions.observability import runs as runlib
+from conventions.store import key_forms
 from conventions.store.runs import STATES, Run
 from conventions.task import ConventionTask
 
@@ -57,8 +58,9 @@ def _recent(app: Any, filters: Filters) -> list[Run]:
         raise Refused(400, f"since {filters.since!r}: {exc} (try 30m, 2h, 7d or a date)") from exc
     if filters.state and filters.state not in STATES:
         raise Refused(400, f"no run state {filters.state!r}")
-    return app.store.list_runs(  # type: ignore[no-any-return]
-        task=filters.task or None, state=filters.state or None, key=filters.key or None,
+    return key_forms.list_runs(  # the key in either form
+        app.store, key_forms.job_names(app), filters.key or None,
+        task=filters.task or None, state=filters.state or None,
         correlation_id=filters.correlation or None, queue=filters.queue or None,
         since=since, limit=LIMIT,
     )  # fmt: skip
