@@ -25,6 +25,7 @@ key held under two jobs' namespaces: name one).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
@@ -102,6 +103,11 @@ def describe(state: KeyState, bare: str | None = None) -> str:
     return f"{key}\nreservation  {reserved}\nledger       {ledger}"
 
 
+def _redacted(app: App, state: KeyState, forms: list[str]) -> list[str]:
+    """``forms`` of a key as an operator is shown them (a sensitive field redacted)."""
+    return [shown.key_state(app, replace(state, key=form)).key for form in forms]
+
+
 KEY_HELP = "the idempotency key, either form: receipt:ord_1 or email.send_receipt:receipt:ord_1"
 
 
@@ -114,11 +120,14 @@ def show_command(app: App, key: str, as_json: bool) -> int:
     state = shown.key_state(app, state)  # sensitive fields redacted, as the console shows
     bare = body_key(app, state.key)
     if as_json:
-        print(json.dumps({**state.to_dict(), "body_key": bare, "looked_for": looked}, indent=2))
+        # what was looked for is said on a miss only (it repeats the key as typed)
+        missed = {"looked_for": _redacted(app, state, looked)} if state.empty else {}
+        print(json.dumps({**state.to_dict(), "body_key": bare, **missed}, indent=2))
         return REFUSED if state.empty else 0
     if state.empty:
-        raise Failure(f"keys show: nothing held for {key!r} (looked for {', '.join(looked)})",
-                      REFUSED)  # fmt: skip
+        typed = shown.key_state(app, replace(state, key=key)).key
+        tried = ", ".join(_redacted(app, state, looked))
+        raise Failure(f"keys show: nothing held for {typed!r} (looked for {tried})", REFUSED)
     print(describe(state, bare))
     return 0
 
