@@ -56,6 +56,20 @@ def read(entry: bytes, queue: str, codecs: Mapping[str, Any], decode: Callable[.
     return payload, properties["delivery_tag"], info["exchange"], info["routing_key"]
 
 
+def own_tag(payload: dict[str, Any]) -> str:
+    """Give a well-formed envelope a delivery tag of the layer's own, and return it.
+
+    The tag names the message's in-flight record (kombu's ``unacked`` hash and its
+    index) and is what its ack removes; the producer chose the one in the entry, and two
+    messages pushed with the same one would share a record: the first ack would take
+    the other's with it, and a kill -9 would then lose a running job. A tag per claim
+    (kombu's own form, a UUID) is unique among the messages in flight; a message given
+    back keeps its last one until its next claim replaces it."""
+    tag = str(uuid.uuid4())
+    payload["properties"]["delivery_tag"] = tag
+    return tag
+
+
 def problem(
     payload: dict[str, Any], codecs: Mapping[str, Any], decode: Callable[..., Any]
 ) -> str | None:

@@ -476,6 +476,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 self._defer(keys=[inbox, delayed.key_of(queue)], args=[entry, repr(due), member],
                             client=client)  # fmt: skip
             return False
+        tag = envelope.own_tag(payload)  # never the producer's: one record per message
         acked = queue not in self._no_ack.values()
         record = dumps([payload, exchange, routing_key]) if acked else ""
         keys = [inbox, self.unacked_index_key, self.unacked_key]

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import signal
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -313,3 +314,43 @@ def test_a_raw_eta_far_ahead_waits_in_the_delayed_set_not_in_a_worker(
     assert app.store.count_dead_letters() == 0 and broker_redis.llen(QUEUE) == 0
     broker_redis.delete(delayed)
     _good_job_runs("after-eta")
+
+
+@pytest.mark.timeout(180)
+def test_two_messages_sharing_a_delivery_tag_each_keep_their_record_through_kill_nine(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """A producer chooses the delivery tag: two messages in flight with the same one must
+    not share one in-flight record. The held job's message stays recorded once the echo
+    with its tag is acked, so after a kill -9 of its worker it runs again."""
+    from tasks import app
+    from tests.acceptance.support_hostile import HELD_RUNS, RELEASE
+
+    include = "tests.integration.support_jobs,tests.acceptance.support_hostile"
+    env = {"CONVENTIONS_RECOVERY_TIMEOUT": "3"}
+    tag = str(uuid.uuid4())
+    held, echo = envelope("hz-held", task="testing.held.v1"), envelope("hz-echo")
+    held["properties"]["delivery_tag"] = echo["properties"]["delivery_tag"] = tag
+    first = worker_process("tag-first", QUEUE, concurrency=2, include=include, **env)
+    broker_redis.lpush(QUEUE, json.dumps(held))
+    wait_for(lambda: app.store.client.get(HELD_RUNS + "hz-held") == "1")
+    broker_redis.lpush(QUEUE, json.dumps(echo))
+    assert app.AsyncResult("hz-echo").get(timeout=60)["call_id"] == "hz-echo"
+
+    def echo_acked() -> bool:
+        return not any("hz-echo" in raw for raw in broker_redis.hvals("unacked"))
+
+    wait_for(echo_acked)
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    app.store.client.set(RELEASE + "hz-held", 1)
+    worker_process("tag-second", QUEUE, concurrency=2, include=include, **env)
+    try:
+        assert app.AsyncResult("hz-held").get(timeout=60) == "hz-held"
+    finally:
+        app.store.client.delete(RELEASE + "hz-held")
+    assert app.store.client.get(HELD_RUNS + "hz-held") == "2"
+    run = wait_for(lambda: (r := app.store.get_run("hz-held")) and r.state != "running" and r)
+    assert run.state == "succeeded"
+    assert app.store.count_dead_letters() == 0
+    wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
