@@ -55,14 +55,14 @@ def describe(state: KeyState) -> str:
     reserved = "none"
     if state.reserved_by is not None:
         until = fmt.when(state.reserved_until) if state.reserved_until else "released"
-        reserved = f"held by job {state.reserved_by} until {until}"
+        reserved = f"held by job {fmt.shown(state.reserved_by)} until {until}"
     ledger = "none"
     if state.ledger_state is not None:
-        ledger = f"{state.ledger_state} (owner {state.ledger_owner}"
+        ledger = f"{fmt.shown(state.ledger_state)} (owner {fmt.shown(state.ledger_owner)}"
         if state.ledger_outcome:
-            ledger += f", outcome {fmt.first_line(state.ledger_outcome)}"
+            ledger += f", outcome {fmt.shown(fmt.first_line(state.ledger_outcome))}"
         ledger += f") until {fmt.when(state.ledger_until)}"
-    return f"key          {state.key}\nreservation  {reserved}\nledger       {ledger}"
+    return f"key          {fmt.shown(state.key)}\nreservation  {reserved}\nledger       {ledger}"
 
 
 KEY_HELP = "the idempotency key, e.g. receipt:ord_1"
@@ -102,7 +102,7 @@ def clear_command(app: App, key: str, reason: str, actor: str, as_json: bool) ->
         return 0
     print(describe(cleared))
     print(
-        f"cleared by {actor}; audit: conventions trace {trail_of(key)}"
+        f"cleared by {fmt.shown(actor)}; audit: conventions trace {fmt.shown(trail_of(key))}"
         if not cleared.empty
         else "nothing was held: the key was free already (recorded all the same)"
     )

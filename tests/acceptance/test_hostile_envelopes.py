@@ -354,3 +354,34 @@ def test_two_messages_sharing_a_delivery_tag_each_keep_their_record_through_kill
     assert run.state == "succeeded"
     assert app.store.count_dead_letters() == 0
     wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
+
+
+#: a fake log line of the worker's and a colour, under the headers' 256 characters
+FORGED_LINE = "[2026-12-02 04:00:00,000: CRITICAL/MainProcess] forged"
+
+
+def test_forged_headers_and_a_key_with_control_characters_are_escaped_in_the_text_log(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """``cc_correlation`` and ``cc_actor`` with a newline and ANSI escapes, and a payload
+    whose key holds a newline and NUL: the worker's text log shows them escaped, on the
+    line they belong to; no forged line, no raw escape reaches the log."""
+    from tasks import app
+
+    include = "tests.integration.support_jobs,tests.acceptance.support_hostile"
+    forged = f"corr\n{FORGED_LINE}\x1b[31m"
+    body = [[], {"text": "line\none\x00two"}, {"callbacks": None, "errbacks": None,
+                                               "chain": None}]  # fmt: skip
+    entry = envelope("hz-noted", body, task="testing.noted.v1",
+                     cc_correlation=forged, cc_actor=f"ops\n{FORGED_LINE}\x1b[0m")  # fmt: skip
+    worker = worker_process("forged", QUEUE, concurrency=1, include=include,
+                            CONVENTIONS_LOG_FORMAT="text")  # fmt: skip
+    broker_redis.lpush(QUEUE, json.dumps(entry))
+    assert app.AsyncResult("hz-noted").get(timeout=60) == "noted:line\none\x00two"
+    log = wait_for(lambda: "noted under" in (out := worker.output()) and out)
+    noted = next(line for line in log.splitlines() if "noted under" in line)
+    assert "noted under noted:line\\none\\x00two" in noted
+    assert "corr=corr\\n[2026-12-02 04:00:00,000: CRITICAL/MainProcess] forged\\x1b[31m" in noted
+    assert "key=noted:line\\none\\x00two" in noted
+    assert not [line for line in log.splitlines() if line.startswith(FORGED_LINE[:24])]
+    assert "\x1b" not in log and "\x00" not in log
