@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from conventions.cli import main as cli
 from conventions.observability import audit, progress
 from conventions.schedules import pauses
+from conventions.store import open_store
 from conventions.store.records import Category, DeadLetter
 from conventions.tracing import headers as hdr
 from conventions.transactional import outbox
@@ -122,3 +123,26 @@ def test_no_command_prints_a_control_character_or_a_forged_line_from_hostile_rec
             ):
                 raw.append((name, stream))
     assert not raw, raw
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("mysql://app:secret@db/app", "(scheme mysql://)"),
+        ("redis://:secret@127.0.0.1:6379/notanumber", "must be a number"),
+        ("redis://:secret@127.0.0.1:6379/0?db=x", "must be a number"),
+    ],
+)
+def test_a_store_url_no_store_serves_is_one_line_and_exit_two(
+    url: str, reason: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(app.conf, "conventions_store_url", url)
+
+    code = cli.main(["-A", "tasks", "dlq", "list"])
+
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("conventions: error: conventions_store_url: unsupported store URL")
+    assert reason in err and len(err.splitlines()) == 1 and "secret" not in err
+    with pytest.raises(ValueError, match="unsupported store URL"):
+        open_store(url)
