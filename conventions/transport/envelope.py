@@ -12,6 +12,12 @@ reason, and the worker carries on.
 
 The wrapped message keeps the head of the raw entry (``deadletter.MAX_RAW_BODY`` bytes),
 its size and its sha256, never more: a 20 MB entry of junk does not travel on as one.
+
+An entry is weighed before it is decoded: one larger than the cap (``max_bytes``, the
+worker's ``conventions_max_message_bytes``, 1 MiB by default), or with more than
+:data:`MAX_HEADERS` headers, is wrapped the same way, marked ``too_large``: the consumer
+dead-letters it as ``invalid``, and neither its JSON (a 113 MB entry of a million header
+keys is a dict of several hundred MB) nor Celery's copy of it is ever made.
 """
 
 from __future__ import annotations
@@ -33,21 +39,35 @@ UNPARSEABLE = "application/x-conventions-unparseable"
 WRAPPED = "x-conventions-unparseable"
 #: the longest delivery tag taken (kombu writes UUIDs: 36 characters)
 MAX_TAG = 256
+#: the largest entry taken unless the consumer says otherwise (bytes as read)
+MAX_ENTRY = 1024 * 1024
+#: the most headers a message may have (Celery writes about 20, the layer about 12)
+MAX_HEADERS = 256
 _MISSING = object()
 
 
-def read(entry: bytes, queue: str, codecs: Mapping[str, Any], decode: Callable[..., Any]) -> (
-    tuple[dict[str, Any], str, str, str]
-):  # fmt: skip
+def read(
+    entry: bytes,
+    queue: str,
+    codecs: Mapping[str, Any],
+    decode: Callable[..., Any],
+    max_bytes: int = MAX_ENTRY,
+) -> tuple[dict[str, Any], str, str, str]:
     """The envelope in ``entry``, with its delivery tag, exchange and routing key; an
-    entry that is not a well-formed kombu envelope comes back wrapped for the dead
-    letters (``codecs``/``decode``: the channel's body codecs and ``decode_body``)."""
+    entry that is not a well-formed kombu envelope, or is over the caps, comes back
+    wrapped for the dead letters (``codecs``/``decode``: the channel's body codecs and
+    ``decode_body``; ``max_bytes``: the largest entry taken, weighed before decoding)."""
+    if len(entry) > max_bytes:
+        return _wrapped(entry, queue, too_large(f"{len(entry)} bytes as read", max_bytes), True)
     try:
         payload = loads(bytes_to_str(entry))
     except Exception as exc:
         return _wrapped(entry, queue, f"not a kombu message: not JSON ({type(exc).__name__})")
     if not isinstance(payload, dict):
         return _wrapped(entry, queue, f"not a kombu message: JSON {_kind(payload)}")
+    headers = payload.get("headers")
+    if isinstance(headers, dict) and len(headers) > MAX_HEADERS:
+        return _wrapped(entry, queue, too_many(len(headers)), True)
     reason = problem(payload, codecs, decode)
     if reason is not None:
         return _wrapped(entry, queue, f"malformed envelope: {reason}")
@@ -114,6 +134,19 @@ def problem(
     return None
 
 
+def too_large(size: str, max_bytes: int) -> str:
+    """The reason of a message over the size cap."""
+    return (
+        f"the message is {size}, over the cap of {max_bytes} bytes "
+        "(conventions_max_message_bytes): payloads hold ids, not data"
+    )
+
+
+def too_many(count: int) -> str:
+    """The reason of a message with more headers than :data:`MAX_HEADERS`."""
+    return f"the message has {count} headers, over the cap of {MAX_HEADERS}"
+
+
 def _kind(value: Any) -> str:
     if value is _MISSING:
         return "missing"
@@ -132,9 +165,19 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def wrap_unparseable(entry: bytes, queue: str, reason: str) -> dict[str, Any]:
-    """A kombu message carrying the head of an entry that was not a well-formed one,
-    with why, its full size and its sha256, for the consumer's dead letter."""
+def wrap_unparseable(
+    entry: bytes, queue: str, reason: str, too_large: bool = False
+) -> dict[str, Any]:
+    """A kombu message carrying the head of an entry that was not a well-formed one (or
+    was over the caps: ``too_large``), with why, its full size and its sha256, for the
+    consumer's dead letter."""
+    facts: dict[str, Any] = {
+        "reason": reason,
+        "size": len(entry),
+        "sha256": hashlib.sha256(entry).hexdigest(),
+    }
+    if too_large:
+        facts["too_large"] = True
     return {
         "body": base64.b64encode(entry[:MAX_RAW_BODY]).decode("ascii"),
         "content-encoding": "binary",
@@ -144,17 +187,15 @@ def wrap_unparseable(entry: bytes, queue: str, reason: str) -> dict[str, Any]:
             "body_encoding": "base64",
             "delivery_tag": str(uuid.uuid4()),
             "delivery_info": {"exchange": "", "routing_key": queue},
-            WRAPPED: {
-                "reason": reason,
-                "size": len(entry),
-                "sha256": hashlib.sha256(entry).hexdigest(),
-            },
+            WRAPPED: facts,
         },
     }
 
 
-def _wrapped(entry: bytes, queue: str, reason: str) -> tuple[dict[str, Any], str, str, str]:
-    payload = wrap_unparseable(entry, queue, reason)
+def _wrapped(
+    entry: bytes, queue: str, reason: str, too_large: bool = False
+) -> tuple[dict[str, Any], str, str, str]:
+    payload = wrap_unparseable(entry, queue, reason, too_large)
     return payload, payload["properties"]["delivery_tag"], "", queue
 
 

@@ -184,13 +184,13 @@ def fuzz_cases(rng: random.Random) -> list[Case]:  # noqa: PLR0915
     )
     # huge fields
     huge = rng.randint(1, 3) * 1024 * 1024
-    field("properties.delivery_tag", "t" * huge, malformed, "huge delivery tag")
+    field("properties.delivery_tag", "t" * huge, too_big, "huge delivery tag")
     field("headers.x-junk", _junk(rng, 64) * (huge // 64), too_big, "huge foreign header")
     add("huge body", lambda m: envelope(m, [[], {"call_id": m, "blob": "x" * huge}, {}]), too_big)
     large = rng.randint(64, 512) * 1024  # under the message cap: the runner refuses it
     add("large body", lambda m: envelope(m, [[], {"call_id": m, "blob": "x" * large}, {}]),
         (Category.INVALID, "blob"))  # fmt: skip
-    add("huge entry of junk", lambda m: f"{m} ".encode() + os.urandom(huge), not_kombu)
+    add("huge entry of junk", lambda m: f"{m} ".encode() + os.urandom(huge), too_big)
     # Celery's own headers with the wrong types
     field("headers.task", rng.randint(0, 99), (Category.INVALID, "unknown task"))
     field("headers.id", [rng.randint(0, 9)], (Category.UNPARSEABLE, "malformed task message"))
@@ -385,3 +385,51 @@ def test_forged_headers_and_a_key_with_control_characters_are_escaped_in_the_tex
     assert "key=noted:line\\none\\x00two" in noted
     assert not [line for line in log.splitlines() if line.startswith(FORGED_LINE[:24])]
     assert "\x1b" not in log and "\x00" not in log
+
+
+def _over_the_caps() -> dict[str, bytes]:
+    """Envelopes over the caps the first round missed (a few MB: the raw size is what
+    is weighed), each with its marker."""
+    keys = envelope("hz-keys")
+    keys["headers"].update({f"k{i:07d}-{'x' * 40}": 1 for i in range(50_000)})  # 2.6 MB
+    one_key = envelope("hz-one-key")
+    one_key["headers"]["k" * (2 * 1024 * 1024)] = "v"
+    reply_to = envelope("hz-reply-to")
+    reply_to["properties"]["reply_to"] = "r" * (2 * 1024 * 1024)
+    many = envelope("hz-many-headers")  # small, but more headers than the cap
+    many["headers"].update({f"h{i}": i for i in range(300)})
+    return {
+        marker: json.dumps(entry).encode()
+        for marker, entry in (("hz-keys", keys), ("hz-one-key", one_key),
+                              ("hz-reply-to", reply_to), ("hz-many-headers", many))
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(180)
+def test_an_envelope_over_the_size_or_header_cap_is_dead_lettered_whole_before_decoding(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """Megabytes of header keys, one huge header key, a huge ``reply_to``, 300 headers:
+    weighed as read from the broker, each is one ``invalid`` dead letter that keeps the
+    entry's size, digest and a bounded head, and none of them runs."""
+    from conventions.observability.deadletters import MAX_RAW_BODY
+    from tasks import app
+
+    entries = _over_the_caps()
+    worker = worker_process("caps", QUEUE, concurrency=1, **WORKER_ENV)
+    for raw in entries.values():
+        broker_redis.lpush(QUEUE, raw)
+    wait_for(lambda: app.store.count_dead_letters() >= len(entries), timeout=60)
+    records = app.store.list_dead_letters(limit=100)
+    for marker, raw in entries.items():
+        (record,) = _records_of(records, marker)
+        cap = "headers, over the cap of 256" if "many" in marker else "bytes as read"
+        assert record.category is Category.INVALID and cap in record.message, record.message
+        assert record.payload["size"] == len(raw)
+        assert record.payload["sha256"] == __import__("hashlib").sha256(raw).hexdigest()
+        assert record.payload["kept_bytes"] <= MAX_RAW_BODY
+        assert len(json.dumps(record.to_dict())) < 4 * MAX_RAW_BODY
+        assert app.AsyncResult(marker).state != "SUCCESS"
+    _good_job_runs("after-caps")
+    wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
+    assert worker.proc.poll() is None
