@@ -13,17 +13,21 @@ reason, and the worker carries on.
 The wrapped message keeps the head of the raw entry (``deadletter.MAX_RAW_BODY`` bytes),
 its size and its sha256, never more: a 20 MB entry of junk does not travel on as one.
 
-An entry is weighed before it is decoded: one larger than the cap (``max_bytes``, the
-worker's ``conventions_max_message_bytes``, 1 MiB by default), or with more than
-:data:`MAX_HEADERS` headers, is wrapped the same way, marked ``too_large``: the consumer
-dead-letters it as ``invalid``, and neither its JSON (a 113 MB entry of a million header
-keys is a dict of several hundred MB) nor Celery's copy of it is ever made.
+An entry is weighed before it is decoded: one larger than the cap (``max_bytes``:
+:func:`entry_cap` of the worker's ``conventions_max_message_bytes``, about 1.4 MB by
+default), or with more than :data:`MAX_HEADERS` headers, is wrapped the same way, marked
+``too_large``: the consumer dead-letters it as ``invalid``, and neither its JSON (a 113 MB
+entry of a million header keys is a dict of several hundred MB) nor Celery's copy of it
+is ever made. The wrapper keeps the job's task name and id when the head or the tail of
+the entry shows them (:func:`identity`), so that a caller waiting on the job's result
+gets its FAILURE.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,8 +43,23 @@ UNPARSEABLE = "application/x-conventions-unparseable"
 WRAPPED = "x-conventions-unparseable"
 #: the longest delivery tag taken (kombu writes UUIDs: 36 characters)
 MAX_TAG = 256
+#: what an envelope adds to a message of its own: kombu's fields, Celery's headers
+ENVELOPE_SLACK = 64 * 1024
+#: how much of an entry's head and tail is searched for its task name and id
+IDENTITY_WINDOW = 64 * 1024
+_TASK = re.compile(rb'"task"\s*:\s*"([A-Za-z0-9_.:\-]{1,200})"')
+_ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:\-]{1,200})"')
+
+
+def entry_cap(max_bytes: int) -> int:
+    """The largest entry, as read from the broker, of a message of ``max_bytes`` (body,
+    headers and properties): kombu's Redis envelope holds the body in base64 (4/3 of
+    it) beside its own fields."""
+    return max_bytes * 4 // 3 + ENVELOPE_SLACK
+
+
 #: the largest entry taken unless the consumer says otherwise (bytes as read)
-MAX_ENTRY = 1024 * 1024
+MAX_ENTRY = entry_cap(1024 * 1024)
 #: the most headers a message may have (Celery writes about 20, the layer about 12)
 MAX_HEADERS = 256
 _MISSING = object()
@@ -58,7 +77,8 @@ def read(
     wrapped for the dead letters (``codecs``/``decode``: the channel's body codecs and
     ``decode_body``; ``max_bytes``: the largest entry taken, weighed before decoding)."""
     if len(entry) > max_bytes:
-        return _wrapped(entry, queue, too_large(f"{len(entry)} bytes as read", max_bytes), True)
+        weighed = too_large(f"{len(entry)} bytes as read from the broker", max_bytes)
+        return _wrapped(entry, queue, weighed, True)
     try:
         payload = loads(bytes_to_str(entry))
     except Exception as exc:
@@ -134,6 +154,19 @@ def problem(
     return None
 
 
+def identity(entry: bytes) -> dict[str, str]:
+    """The ``task`` and ``id`` headers of an entry too large to decode, when its head or
+    its tail shows them (Celery's names and UUIDs, nothing else), else nothing: found
+    without decoding, never trusted beyond answering a caller's ``.get()``."""
+    found: dict[str, str] = {}
+    for window in (entry[:IDENTITY_WINDOW], entry[-IDENTITY_WINDOW:]):
+        for name, pattern in (("task", _TASK), ("id", _ID)):
+            match = pattern.search(window)
+            if match is not None and name not in found:
+                found[name] = match.group(1).decode("ascii")
+    return found
+
+
 def too_large(size: str, max_bytes: int) -> str:
     """The reason of a message over the size cap."""
     return (
@@ -182,7 +215,7 @@ def wrap_unparseable(
         "body": base64.b64encode(entry[:MAX_RAW_BODY]).decode("ascii"),
         "content-encoding": "binary",
         "content-type": UNPARSEABLE,
-        "headers": {},
+        "headers": identity(entry) if too_large else {},
         "properties": {
             "body_encoding": "base64",
             "delivery_tag": str(uuid.uuid4()),

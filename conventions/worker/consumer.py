@@ -281,7 +281,7 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
         """Celery's, with the size cap the layer's Redis transport weighs each entry
         against before decoding it (other transports ignore the option; RabbitMQ's
         messages are weighed by :meth:`refusal`)."""
-        cap = {"max_message_bytes": self.max_message_bytes()}
+        cap = {"max_message_bytes": envelope.entry_cap(self.max_message_bytes())}
         return self.ensure_connected(
             self.app.connection_for_read(heartbeat=heartbeat, transport_options=cap)
         )

@@ -27,6 +27,7 @@ import redis
 
 from conventions.store.records import Category, DeadLetter
 from conventions.transport import redis as broker
+from conventions.transport.envelope import MAX_ENTRY
 from tests.fixtures import WorkerProcess
 from tests.integration.helpers import wait_for
 
@@ -99,9 +100,11 @@ def fuzz_cases(rng: random.Random) -> list[Case]:  # noqa: PLR0915
 
     def add(name: str, build: Callable[[str], bytes | dict[str, Any]], expected: Any) -> None:
         marker = f"hz-{len(cases):02d}"
-        raw = build(marker)
-        cases.append(Case(name, marker, raw if isinstance(raw, bytes) else
-                          json.dumps(raw).encode(), expected))  # fmt: skip
+        built = build(marker)
+        raw = built if isinstance(built, bytes) else json.dumps(built).encode()
+        if len(raw) > MAX_ENTRY:  # weighed before anything else
+            expected = too_big
+        cases.append(Case(name, marker, raw, expected))
 
     def field(path: str, value: Any, expected: Any, name: str = "") -> None:
         label = name or f"{path}={'missing' if value is DROP else type(value).__name__}"
@@ -184,13 +187,13 @@ def fuzz_cases(rng: random.Random) -> list[Case]:  # noqa: PLR0915
     )
     # huge fields
     huge = rng.randint(1, 3) * 1024 * 1024
-    field("properties.delivery_tag", "t" * huge, too_big, "huge delivery tag")
+    field("properties.delivery_tag", "t" * huge, malformed, "huge delivery tag")
     field("headers.x-junk", _junk(rng, 64) * (huge // 64), too_big, "huge foreign header")
     add("huge body", lambda m: envelope(m, [[], {"call_id": m, "blob": "x" * huge}, {}]), too_big)
     large = rng.randint(64, 512) * 1024  # under the message cap: the runner refuses it
     add("large body", lambda m: envelope(m, [[], {"call_id": m, "blob": "x" * large}, {}]),
         (Category.INVALID, "blob"))  # fmt: skip
-    add("huge entry of junk", lambda m: f"{m} ".encode() + os.urandom(huge), too_big)
+    add("huge entry of junk", lambda m: f"{m} ".encode() + os.urandom(huge), not_kombu)
     # Celery's own headers with the wrong types
     field("headers.task", rng.randint(0, 99), (Category.INVALID, "unknown task"))
     field("headers.id", [rng.randint(0, 9)], (Category.UNPARSEABLE, "malformed task message"))
