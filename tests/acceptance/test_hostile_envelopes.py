@@ -436,3 +436,44 @@ def test_an_envelope_over_the_size_or_header_cap_is_dead_lettered_whole_before_d
     _good_job_runs("after-caps")
     wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
     assert worker.proc.poll() is None
+
+
+def _memory(pid: int) -> tuple[int, int]:
+    """(resident, peak resident) MB of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as file:
+        status = dict(line.split(":", 1) for line in file.read().splitlines())
+    return int(status["VmRSS"].split()[0]) // 1024, int(status["VmHWM"].split()[0]) // 1024
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_a_113_mb_envelope_of_a_million_header_keys_never_reaches_the_pool(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """The first round's 113 MB message (a million header keys): one ``invalid`` dead
+    letter, the pool child never sees it; the worker's memory is printed, before and
+    after (resident and peak, main process and pool child)."""
+    from tasks import app
+
+    entry = envelope("hz-113mb")
+    entry["headers"].update({f"k{i:07d}-{'x' * 96}": 1 for i in range(1_000_000)})
+    raw = json.dumps(entry).encode()
+    del entry
+    worker = worker_process("big", QUEUE, concurrency=1, **WORKER_ENV)
+    main = worker.proc.pid
+    with open(f"/proc/{main}/task/{main}/children") as file:
+        (child,) = map(int, file.read().split())
+    before = {"main": _memory(main), "child": _memory(child)}
+    broker_redis.lpush(QUEUE, raw)
+    size = len(raw)
+    del raw
+    wait_for(
+        lambda: app.store.count_dead_letters() or app.AsyncResult("hz-113mb").state == "SUCCESS",
+        timeout=300,
+    )
+    after = {"main": _memory(main), "child": _memory(child)}
+    print(f"\n113 MB envelope ({size} bytes): rss/peak MB before {before}, after {after}")
+    (record,) = app.store.list_dead_letters(limit=10)
+    assert record.category is Category.INVALID and "as read from the broker" in record.message
+    assert after["child"][1] < before["child"][1] + 50, (before, after)
+    _good_job_runs("after-113mb")
