@@ -87,6 +87,10 @@ METHODS: dict[tuple[str, str], str | None] = {
         "(connection: 'Connection', queue_type: 'str', prefix: 'str | None' = None) -> 'None'"
     ),
     ("celery.app.task", "get_actual_ignore_result"): "(task, req)",
+    # conventions.worker.consumer: the read connection carries the transport's size cap
+    ("celery.worker.consumer.consumer:Consumer", "connection_for_read"): "(self, heartbeat=None)",
+    ("celery.worker.consumer.consumer:Consumer", "ensure_connected"): "(self, conn)",
+    ("celery.app.base:Celery", "connection_for_read"): "(self, url=None, **kwargs)",
 }
 
 
