@@ -23,7 +23,8 @@ import kombu.exceptions
 import redis
 
 from conventions.config import settings
-from conventions.errors import BackendUnavailable
+from conventions.errors import BackendUnavailable, ConfigurationError
+from conventions.store import resolve_url
 
 #: seconds a command waits for a connection, and for each reply, without ``--timeout``
 DEFAULT_TIMEOUT = 5.0
@@ -76,6 +77,10 @@ def _replacements(conf: Any, timeout: float) -> dict[str, Any]:
     }
     store = conf.get("conventions_store_url")
     if store:
+        try:
+            resolve_url(str(store))  # a URL no store serves is a usage error, one line
+        except ValueError as exc:
+            raise ConfigurationError(f"conventions_store_url: {exc}") from None
         out["conventions_store_url"] = with_timeouts(str(store), timeout)
     return out
 

@@ -29,6 +29,7 @@ import click
 
 from conventions.app import App
 from conventions.cli import backends
+from conventions.cli import format as fmt
 from conventions.errors import ConfigurationError
 
 #: exit codes (see the module docstring and docs/reference/cli.md)
@@ -47,7 +48,7 @@ class Failure(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # click's default, per instance
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"conventions: error: {self.format_message()}", err=True)
+        click.echo(f"conventions: error: {fmt.shown(self.format_message())}", err=True)
 
 
 def usage_failure(exc: click.UsageError) -> Failure:
@@ -189,7 +190,7 @@ def run(
 ) -> int:
     """Run ``fun`` with bounded waits; a fault an operator can fix is a :class:`Failure`."""
     try:
-        with backends.bounded(app, timeout):
+        with backends.bounded(app, timeout), fmt.guarded():
             return fun(app, **params)
     except (click.ClickException, click.exceptions.Exit, click.Abort):
         raise

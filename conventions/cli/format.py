@@ -1,6 +1,14 @@
 """What the ``conventions`` command parses and prints: durations, tables, records, traces.
 
 No broker, no store: plain functions over strings and records, tested on their own.
+
+Records hold what producers chose (headers, payload fields, exception messages, worker
+names): nothing of it reaches the operator's terminal raw. Each field shown on a line
+of its own is escaped whole (:func:`shown`: a newline cannot forge a line), and every
+command writes through :func:`guarded`, which escapes every other control character
+(ANSI escapes, carriage returns, direction overrides) in whatever it prints, so that a
+field a formatter forgot still cannot recolour or rewrite the screen. Both use
+:func:`conventions.tracing.escaping.escape`; JSON output escapes by itself.
 """
 
 from __future__ import annotations
@@ -8,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,11 +25,45 @@ from conventions.observability.trace import Job
 from conventions.ops.replay import ReplayOutcome
 from conventions.store import key_forms
 from conventions.store.records import DeadLetter
+from conventions.tracing.escaping import escape
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 #: the longest message shown in a table cell
 MESSAGE_WIDTH = 80
+
+
+def shown(value: object) -> str:
+    """A field for one line of the terminal: its text with every control character,
+    newlines included, escaped."""
+    return escape(str(value))
+
+
+class Terminal:
+    """A text stream that escapes the control characters of what is written to it
+    (line breaks kept: the command's own layout); ``raw`` is the stream itself, for
+    the command's own escapes (``queues --watch`` clearing the screen)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(escape(text, newlines=False))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[None]:
+    """Run a command with stdout and stderr escaping what it prints."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Terminal(out), Terminal(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 def parse_duration(text: str) -> timedelta:
@@ -67,7 +110,7 @@ def first_line(text: str, width: int = MESSAGE_WIDTH) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces; the last column is not padded."""
-    cells = [[str(h) for h in headers], *([str(c) for c in row] for row in rows)]
+    cells = [[str(h) for h in headers], *([shown(c) for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for row in cells:
@@ -110,7 +153,7 @@ def dead_letter_detail(record: DeadLetter) -> str:
         ("replayed", when(record.replayed_at) if record.replayed_at else "no"),
     ]
     width = max(len(name) for name, _ in fields) + 1
-    out = [f"{(name + ':').ljust(width)} {value}" for name, value in fields]
+    out = [f"{(name + ':').ljust(width)} {shown(value)}" for name, value in fields]
     out += ["", "message:", _indent(record.message)]
     out += ["", "payload:", _indent(json.dumps(record.payload, indent=2, sort_keys=True))]
     out += ["", "headers:", _indent(json.dumps(record.headers, indent=2, sort_keys=True))]
@@ -150,18 +193,20 @@ def replay_report(outcome: ReplayOutcome) -> dict[str, Any]:
 
 def trace_text(correlation_id: str, roots: Sequence[Job]) -> str:
     if not roots:
-        return f"no audit events for correlation id {correlation_id}"
-    out = [f"correlation {correlation_id}"]
+        return f"no audit events for correlation id {shown(correlation_id)}"
+    out = [f"correlation {shown(correlation_id)}"]
 
     def render(job: Job, depth: int) -> None:
         pad = "    " * depth
-        cause = f"  caused by {job.caused_by}" if job.caused_by else ""
+        cause = f"  caused by {shown(job.caused_by)}" if job.caused_by else ""
         out.append(
-            f"{pad}{job.task} [{job.task_id}]  attempts {job.attempts}  -> {job.outcome}{cause}"
+            f"{pad}{shown(job.task)} [{shown(job.task_id)}]  attempts {job.attempts}  "
+            f"-> {shown(job.outcome)}{cause}"
         )
         for event in job.events:
             out.append(
-                f"{pad}    {when(event.at, millis=True)}  {event.event:<17} attempt {event.attempt}"
+                f"{pad}    {when(event.at, millis=True)}  {shown(event.event):<17} "
+                f"attempt {event.attempt}"
                 f"{_detail(event.detail)}"
             )
         for child in job.children:
@@ -175,4 +220,4 @@ def trace_text(correlation_id: str, roots: Sequence[Job]) -> str:
 def _detail(detail: dict[str, Any]) -> str:
     if not detail:
         return ""
-    return "  " + " ".join(f"{k}={first_line(str(v), 60)}" for k, v in detail.items())
+    return "  " + " ".join(f"{shown(k)}={shown(first_line(str(v), 60))}" for k, v in detail.items())

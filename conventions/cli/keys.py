@@ -92,14 +92,19 @@ def describe(state: KeyState, bare: str | None = None) -> str:
     reserved = "none"
     if state.reserved_by is not None:
         until = fmt.when(state.reserved_until) if state.reserved_until else "released"
-        reserved = f"held by job {state.reserved_by} until {until}"
+        reserved = f"held by job {fmt.shown(state.reserved_by)} until {until}"
     ledger = "none"
     if state.ledger_state is not None:
-        ledger = f"{state.ledger_state} (owner {state.ledger_owner}"
+        ledger = f"{fmt.shown(state.ledger_state)} (owner {fmt.shown(state.ledger_owner)}"
         if state.ledger_outcome:
-            ledger += f", outcome {fmt.first_line(state.ledger_outcome)}"
+            ledger += f", outcome {fmt.shown(fmt.first_line(state.ledger_outcome))}"
         ledger += f") until {fmt.when(state.ledger_until)}"
-    key = f"key          {bare}\nstore key    {state.key}" if bare else f"key          {state.key}"
+    stored = fmt.shown(state.key)
+    key = (
+        f"key          {fmt.shown(bare)}\nstore key    {stored}"
+        if bare
+        else f"key          {stored}"
+    )
     return f"{key}\nreservation  {reserved}\nledger       {ledger}"
 
 
@@ -154,7 +159,7 @@ def clear_command(app: App, key: str, reason: str, actor: str, as_json: bool) ->
         return 0
     print(describe(cleared, body_key(app, cleared.key)))
     print(
-        f"cleared by {actor}; audit: conventions trace {trail_of(key)}"
+        f"cleared by {fmt.shown(actor)}; audit: conventions trace {fmt.shown(trail_of(key))}"
         if not cleared.empty
         else "nothing was held: the key was free already (recorded all the same)"
     )

@@ -17,6 +17,7 @@ import click
 
 from conventions.cli import backends
 from conventions.cli.base import REFUSED, command, json_option, options_of, print_json
+from conventions.cli.format import shown
 from conventions.observability import progress
 from conventions.ops import doctor, doctor_live
 
@@ -49,7 +50,8 @@ def run_doctor(app: Any, as_json: bool, static: bool, reply_timeout: float) -> i
     else:
         if live is not None:
             for node, queues in sorted(live.consumers.items()):
-                print(f"worker {node}: consumes {', '.join(queues) or '(nothing)'}")
+                consumes = shown(", ".join(queues) or "(nothing)")
+                print(f"worker {shown(node)}: consumes {consumes}")
         print(doctor.format_text(findings))
     return REFUSED if failed else 0
 
@@ -92,14 +94,15 @@ def run_status(app: Any, task_id: str, as_json: bool) -> int:
     elif not known:
         print(f"conventions: nothing known about job {task_id}", file=sys.stderr)
     else:
-        print(f"{task_id}: {status['state']}")
+        print(f"{shown(task_id)}: {shown(status['state'])}")
         latest = status["progress"]
         if latest:
             total = latest.get("total")
-            shown = f"{latest.get('done')} of {total}" if total else f"{latest.get('done')}"
+            done = f"{latest.get('done')} of {total}" if total else f"{latest.get('done')}"
             percent = f" ({latest['percent']}%)" if latest.get("percent") is not None else ""
-            print(f"progress: {shown}{percent} {latest.get('note') or ''}".rstrip())
-            print(f"updated: {latest.get('updated_at')}")
+            note = shown(latest.get("note") or "")
+            print(f"progress: {shown(done)}{percent} {note}".rstrip())
+            print(f"updated: {shown(latest.get('updated_at'))}")
     return 0 if known else REFUSED
 
 

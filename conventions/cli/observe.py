@@ -123,7 +123,8 @@ def queues_command(app: Any, as_json: bool, watch: bool, interval: float, count:
                 print(json.dumps(rows), file=out)
             else:
                 if watch and out.isatty():
-                    print("\x1b[H\x1b[2J", end="", file=out)
+                    # the command's own escape, past the guard that escapes the records'
+                    print("\x1b[H\x1b[2J", end="", file=getattr(out, "raw", out))
                 print(table(rows), file=out)
             out.flush()
             shown += 1

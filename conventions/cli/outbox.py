@@ -199,7 +199,7 @@ def status_command(app: App, url: str | None, as_json: bool, max_lag: float | No
             f"{state.published}, lag {state.lag:.1f}s, dead {state.dead}"
         )
         if state.last_error:
-            print(f"last error: {state.last_error}")
+            print(f"last error: {fmt.shown(state.last_error)}")
     if max_lag is not None and state.lag > max_lag:
         print(f"conventions: outbox lag {state.lag:.0f}s is above {max_lag:.0f}s", file=sys.stderr)
         return REFUSED
@@ -234,8 +234,9 @@ def dead_command(app: App, url: str | None, as_json: bool, limit: int) -> int:
         return 0
     for row in shown:
         print(
-            f"{row['failed_at']}  {row['task']}[{row['task_id']}] {row['idempotency_key']}  "
-            f"after {row['attempts']} attempts: {row['last_error']}"
+            f"{row['failed_at']}  {fmt.shown(row['task'])}[{fmt.shown(row['task_id'])}] "
+            f"{fmt.shown(row['idempotency_key'])}  after {row['attempts']} attempts: "
+            f"{fmt.shown(row['last_error'])}"
         )
     print(f"{len(shown)} dead-lettered rows (their dead letters: conventions dlq list)")
     return 0

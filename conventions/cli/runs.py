@@ -54,20 +54,21 @@ def run_detail(run: Run) -> str:
         ("actor", run.actor), ("category", run.category), ("dead letter", run.dead_letter_id),
         ("replay of", run.replay_of), ("replayed by", run.replayed_by),
     ]  # fmt: skip
-    lines = [f"{name:<12} {value}" for name, value in fields if value]
+    lines = [f"{name:<12} {fmt.shown(value)}" for name, value in fields if value]
     lines.append("attempts")
     for attempt in run.attempts:
         start = fmt.when(attempt.started_at) if attempt.started_at else "-"
         end = fmt.when(attempt.ended_at) if attempt.ended_at else "-"
         lines.append(
-            f"  #{attempt.n} {attempt.outcome or 'running'} on {attempt.worker or '-'} "
+            f"  #{attempt.n} {fmt.shown(attempt.outcome or 'running')} on "
+            f"{fmt.shown(attempt.worker or '-')} "
             f"from {start} to {end}"
         )
         if attempt.error:
-            lines.append(f"     error: {fmt.first_line(attempt.error)}")
+            lines.append(f"     error: {fmt.shown(fmt.first_line(attempt.error))}")
     if run.logs:
         lines.append("logs")
-        lines.extend(f"  {line}" for line in run.logs)
+        lines.extend(f"  {fmt.shown(line)}" for line in run.logs)
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from conventions.cli import format as fmt
 from conventions.cli.base import (
     REFUSED,
     USAGE,
@@ -67,7 +68,7 @@ def list_command(app: Any, as_json: bool) -> int:
         print(
             f"{row['name']:<20} {row['task']:<28} {row['schedule']} overlap={row['overlap']} "
             f"next={row['next']} last_success={row['last_success'] or 'never'}"
-            + (f" paused_by={row['paused'].get('actor')}" if row["paused"] else "")
+            + (f" paused_by={fmt.shown(row['paused'].get('actor'))}" if row["paused"] else "")
         )
     return 0
 

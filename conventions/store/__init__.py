@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
 
 from conventions.store.base import Store
 from conventions.store.redis import RedisStore
@@ -43,6 +44,7 @@ def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if sep and scheme in REDIS_SCHEMES:
+        _check_database(url)
         return "redis", url
     if sep and scheme in SQL_SCHEMES:
         return "sql", f"{SQL_SCHEMES[scheme]}://{rest}"
@@ -50,6 +52,28 @@ def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
     # the URL itself is not repeated: it may carry a password, and the scheme is the fault
     given = f"scheme {scheme}://" if sep and SCHEME.match(scheme) else "no scheme"
     raise ValueError(f"unsupported store URL ({given}): the scheme must be one of {accepted}")
+
+
+#: a Redis database as a URL names it: ``/N`` (``redis://``), ``?db=N`` (any scheme)
+_DATABASE = re.compile(r"^[0-9]{1,9}$")
+
+
+def _check_database(url: str) -> None:
+    """Refuse a Redis URL whose database is not a number: redis-py would ignore it and
+    use database 0, another application's data perhaps (the URL is not repeated)."""
+    first = url.split(";", 1)[0]  # sentinel URLs list several servers
+    try:
+        parts = urlsplit(first)
+        query = parse_qs(parts.query)
+    except ValueError as exc:
+        raise ValueError(f"unsupported store URL: it does not parse ({exc})") from None
+    path = parts.path.strip("/") if parts.scheme.lower() in ("redis", "rediss") else ""
+    for given in ([path] if path else []) + query.get("db", []):
+        if not _DATABASE.match(given):
+            raise ValueError(
+                "unsupported store URL: its Redis database must be a number "
+                f"(/0, /1, ... or ?db=N), not {given[:20]!r}"
+            )
 
 
 def open_store(url: str, **redis_options: Any) -> Store:

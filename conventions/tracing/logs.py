@@ -14,6 +14,12 @@ updated in every worker image.
 The worker binds the fields in ``task_prerun`` and clears them in ``task_postrun``, so
 Celery's own "succeeded in" line carries them too.
 
+Everything from outside reaches a record escaped (:mod:`conventions.tracing.escaping`): the
+story fields, set from a message's headers and payload, are escaped as records get them,
+so ``%(correlation_id)s`` in any format shows a forged newline or ANSI escape as ``\\n``
+or ``\\x1b``; the text format also escapes the message (one record, one line) and the
+exception messages in a traceback. JSON escapes them by itself.
+
 Both formats scrub what a failure writes (``conventions.tracing.scrubbing``, as in dead letters):
 every exception text, and the message of every record at warning level or above, with an
 exception, or of Celery's retry, ignored and rejected lines. Other info lines are left as
@@ -26,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -35,6 +42,7 @@ from typing import Any, Final
 from celery.app import trace
 
 from conventions.tracing import context
+from conventions.tracing.escaping import escape
 from conventions.tracing.scrubbing import scrub_text
 
 #: the attributes every record gets (None when unknown)
@@ -99,10 +107,19 @@ def current_fields() -> dict[str, Any]:
     return fields
 
 
+def record_fields() -> dict[str, Any]:
+    """The fields a record made now gets: :func:`current_fields`, each text escaped
+    (headers and payloads are chosen by whoever published the job)."""
+    return {
+        name: escape(value) if isinstance(value, str) else value
+        for name, value in current_fields().items()
+    }
+
+
 def fields_of(record: logging.LogRecord) -> Mapping[str, Any]:
     """The story fields of ``record``: its own (the record factory set them), else those
     of the context it is formatted in (a process that did not call :func:`install`)."""
-    return record.__dict__ if "correlation_id" in record.__dict__ else current_fields()
+    return record.__dict__ if "correlation_id" in record.__dict__ else record_fields()
 
 
 def install() -> None:
@@ -116,7 +133,7 @@ def install() -> None:
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = base(*args, **kwargs)
-        record.__dict__.update(current_fields())
+        record.__dict__.update(record_fields())
         return record
 
     _installed.append(base)
@@ -138,8 +155,23 @@ def _scrubs(record: logging.LogRecord) -> bool:
     )
 
 
+def traceback_text(ei: Any) -> str:
+    """A traceback as the text format writes it: the frames as Python prints them, each
+    exception's message escaped onto its one line (a message is where outside text
+    lands: a forged newline there would start a line of its own), then scrubbed."""
+    out = []
+    for chunk in traceback.TracebackException(*ei).format():
+        if chunk[:1].isspace():  # frames, chain notes, an exception group's branches
+            out.append(escape(chunk, newlines=False))
+        else:  # "Traceback (most recent call last):", or an exception's own lines
+            body, end = (chunk[:-1], "\n") if chunk.endswith("\n") else (chunk, "")
+            out.append(escape(body) + end)
+    return scrub_text("".join(out).rstrip("\n"))
+
+
 class TextFormatter(logging.Formatter):
-    """Celery's usual line, then the story fields that are set: ``corr=... task=...``."""
+    """Celery's usual line, then the story fields that are set: ``corr=... task=...``;
+    the message and the fields escaped, so a record is one line (then its traceback)."""
 
     SHORT: Final = {"correlation_id": "corr", "idempotency_key": "key", "task_id": "id"}
 
@@ -147,15 +179,30 @@ class TextFormatter(logging.Formatter):
         super().__init__(fmt or "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s", datefmt)
 
     def formatException(self, ei: Any) -> str:
-        return scrub_text(super().formatException(ei))
+        return traceback_text(ei)
+
+    def formatStack(self, stack_info: str) -> str:
+        return escape(stack_info, newlines=False)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        record.message = escape(message)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        cached, record.exc_text = record.exc_text, None  # never another formatter's text
+        try:
+            line = super().format(record)
+        finally:
+            record.exc_text = cached
         if _scrubs(record):
             line = scrub_text(line)
         fields = fields_of(record)
         parts = [
-            f"{self.SHORT.get(name, name)}={value}"
+            f"{self.SHORT.get(name, name)}={escape(str(value))}"
             for name in ("correlation_id", "task", "task_id", "attempt", "idempotency_key")
             if (value := fields.get(name)) is not None
         ]

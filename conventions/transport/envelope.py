@@ -12,12 +12,22 @@ reason, and the worker carries on.
 
 The wrapped message keeps the head of the raw entry (``deadletter.MAX_RAW_BODY`` bytes),
 its size and its sha256, never more: a 20 MB entry of junk does not travel on as one.
+
+An entry is weighed before it is decoded: one larger than the cap (``max_bytes``:
+:func:`entry_cap` of the worker's ``conventions_max_message_bytes``, about 1.4 MB by
+default), or with more than :data:`MAX_HEADERS` headers, is wrapped the same way, marked
+``too_large``: the consumer dead-letters it as ``invalid``, and neither its JSON (a 113 MB
+entry of a million header keys is a dict of several hundred MB) nor Celery's copy of it
+is ever made. The wrapper keeps the job's task name and id when the head or the tail of
+the entry shows them (:func:`identity`), so that a caller waiting on the job's result
+gets its FAILURE.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,27 +43,71 @@ UNPARSEABLE = "application/x-conventions-unparseable"
 WRAPPED = "x-conventions-unparseable"
 #: the longest delivery tag taken (kombu writes UUIDs: 36 characters)
 MAX_TAG = 256
+#: what an envelope adds to a message of its own: kombu's fields, Celery's headers
+ENVELOPE_SLACK = 64 * 1024
+#: how much of an entry's head and tail is searched for its task name and id
+IDENTITY_WINDOW = 64 * 1024
+_TASK = re.compile(rb'"task"\s*:\s*"([A-Za-z0-9_.:\-]{1,200})"')
+_ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:\-]{1,200})"')
+
+
+def entry_cap(max_bytes: int) -> int:
+    """The largest entry, as read from the broker, of a message of ``max_bytes`` (body,
+    headers and properties): kombu's Redis envelope holds the body in base64 (4/3 of
+    it) beside its own fields."""
+    return max_bytes * 4 // 3 + ENVELOPE_SLACK
+
+
+#: the largest entry taken unless the consumer says otherwise (bytes as read)
+MAX_ENTRY = entry_cap(1024 * 1024)
+#: the most headers a message may have (Celery writes about 20, the layer about 12)
+MAX_HEADERS = 256
 _MISSING = object()
 
 
-def read(entry: bytes, queue: str, codecs: Mapping[str, Any], decode: Callable[..., Any]) -> (
-    tuple[dict[str, Any], str, str, str]
-):  # fmt: skip
+def read(
+    entry: bytes,
+    queue: str,
+    codecs: Mapping[str, Any],
+    decode: Callable[..., Any],
+    max_bytes: int = MAX_ENTRY,
+) -> tuple[dict[str, Any], str, str, str]:
     """The envelope in ``entry``, with its delivery tag, exchange and routing key; an
-    entry that is not a well-formed kombu envelope comes back wrapped for the dead
-    letters (``codecs``/``decode``: the channel's body codecs and ``decode_body``)."""
+    entry that is not a well-formed kombu envelope, or is over the caps, comes back
+    wrapped for the dead letters (``codecs``/``decode``: the channel's body codecs and
+    ``decode_body``; ``max_bytes``: the largest entry taken, weighed before decoding)."""
+    if len(entry) > max_bytes:
+        weighed = too_large(f"{len(entry)} bytes as read from the broker", max_bytes)
+        return _wrapped(entry, queue, weighed, True)
     try:
         payload = loads(bytes_to_str(entry))
     except Exception as exc:
         return _wrapped(entry, queue, f"not a kombu message: not JSON ({type(exc).__name__})")
     if not isinstance(payload, dict):
         return _wrapped(entry, queue, f"not a kombu message: JSON {_kind(payload)}")
+    headers = payload.get("headers")
+    if isinstance(headers, dict) and len(headers) > MAX_HEADERS:
+        return _wrapped(entry, queue, too_many(len(headers)), True)
     reason = problem(payload, codecs, decode)
     if reason is not None:
         return _wrapped(entry, queue, f"malformed envelope: {reason}")
     properties = payload["properties"]
     info = properties["delivery_info"]
     return payload, properties["delivery_tag"], info["exchange"], info["routing_key"]
+
+
+def own_tag(payload: dict[str, Any]) -> str:
+    """Give a well-formed envelope a delivery tag of the layer's own, and return it.
+
+    The tag names the message's in-flight record (kombu's ``unacked`` hash and its
+    index) and is what its ack removes; the producer chose the one in the entry, and two
+    messages pushed with the same one would share a record: the first ack would take
+    the other's with it, and a kill -9 would then lose a running job. A tag per claim
+    (kombu's own form, a UUID) is unique among the messages in flight; a message given
+    back keeps its last one until its next claim replaces it."""
+    tag = str(uuid.uuid4())
+    payload["properties"]["delivery_tag"] = tag
+    return tag
 
 
 def problem(
@@ -100,6 +154,32 @@ def problem(
     return None
 
 
+def identity(entry: bytes) -> dict[str, str]:
+    """The ``task`` and ``id`` headers of an entry too large to decode, when its head or
+    its tail shows them (Celery's names and UUIDs, nothing else), else nothing: found
+    without decoding, never trusted beyond answering a caller's ``.get()``."""
+    found: dict[str, str] = {}
+    for window in (entry[:IDENTITY_WINDOW], entry[-IDENTITY_WINDOW:]):
+        for name, pattern in (("task", _TASK), ("id", _ID)):
+            match = pattern.search(window)
+            if match is not None and name not in found:
+                found[name] = match.group(1).decode("ascii")
+    return found
+
+
+def too_large(size: str, max_bytes: int) -> str:
+    """The reason of a message over the size cap."""
+    return (
+        f"the message is {size}, over the cap of {max_bytes} bytes "
+        "(conventions_max_message_bytes): payloads hold ids, not data"
+    )
+
+
+def too_many(count: int) -> str:
+    """The reason of a message with more headers than :data:`MAX_HEADERS`."""
+    return f"the message has {count} headers, over the cap of {MAX_HEADERS}"
+
+
 def _kind(value: Any) -> str:
     if value is _MISSING:
         return "missing"
@@ -118,29 +198,37 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def wrap_unparseable(entry: bytes, queue: str, reason: str) -> dict[str, Any]:
-    """A kombu message carrying the head of an entry that was not a well-formed one,
-    with why, its full size and its sha256, for the consumer's dead letter."""
+def wrap_unparseable(
+    entry: bytes, queue: str, reason: str, too_large: bool = False
+) -> dict[str, Any]:
+    """A kombu message carrying the head of an entry that was not a well-formed one (or
+    was over the caps: ``too_large``), with why, its full size and its sha256, for the
+    consumer's dead letter."""
+    facts: dict[str, Any] = {
+        "reason": reason,
+        "size": len(entry),
+        "sha256": hashlib.sha256(entry).hexdigest(),
+    }
+    if too_large:
+        facts["too_large"] = True
     return {
         "body": base64.b64encode(entry[:MAX_RAW_BODY]).decode("ascii"),
         "content-encoding": "binary",
         "content-type": UNPARSEABLE,
-        "headers": {},
+        "headers": identity(entry) if too_large else {},
         "properties": {
             "body_encoding": "base64",
             "delivery_tag": str(uuid.uuid4()),
             "delivery_info": {"exchange": "", "routing_key": queue},
-            WRAPPED: {
-                "reason": reason,
-                "size": len(entry),
-                "sha256": hashlib.sha256(entry).hexdigest(),
-            },
+            WRAPPED: facts,
         },
     }
 
 
-def _wrapped(entry: bytes, queue: str, reason: str) -> tuple[dict[str, Any], str, str, str]:
-    payload = wrap_unparseable(entry, queue, reason)
+def _wrapped(
+    entry: bytes, queue: str, reason: str, too_large: bool = False
+) -> tuple[dict[str, Any], str, str, str]:
+    payload = wrap_unparseable(entry, queue, reason, too_large)
     return payload, payload["properties"]["delivery_tag"], "", queue
 
 

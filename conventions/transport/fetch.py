@@ -32,6 +32,23 @@ if ARGV[5] == '1' then
 end
 return 1
 """
+#: CLAIM for an entry over the size cap, named by its size and sha1 rather than sent
+#: back whole; ARGV: size, sha1, tag, now, record, "1" to record it -> 1 claimed, 0 gone
+CLAIM_LARGE = """
+local size = tonumber(ARGV[1])
+for i = 0, redis.call('LLEN', KEYS[1]) - 1 do
+  local entry = redis.call('LINDEX', KEYS[1], i)
+  if entry and #entry == size and redis.sha1hex(entry) == ARGV[2] then
+    redis.call('LREM', KEYS[1], 1, entry)
+    if ARGV[6] == '1' then
+      redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+      redis.call('HSET', KEYS[3], ARGV[3], ARGV[5])
+    end
+    return 1
+  end
+end
+return 0
+"""
 #: KEYS: inbox, delayed set; ARGV: entry, due, member -> 1 deferred, 0 gone: a message
 #: pushed with a future eta by another producer waits in the delayed set, not in memory
 DEFER = """

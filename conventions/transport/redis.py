@@ -65,6 +65,7 @@ survives a failover.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import uuid
@@ -84,7 +85,14 @@ from conventions.tracing import headers as hdr
 from conventions.transport import delayed, envelope, liveness, sentinel
 from conventions.transport.checks import check_kombu, check_timing
 from conventions.transport.envelope import UNPARSEABLE
-from conventions.transport.fetch import CLAIM, DEFER, EARLY, SWEEP, refuses_client_reply
+from conventions.transport.fetch import (
+    CLAIM,
+    CLAIM_LARGE,
+    DEFER,
+    EARLY,
+    SWEEP,
+    refuses_client_reply,
+)
 from conventions.transport.hook import _HOOK, PushHook, pushing_through
 from conventions.transport.layout import CONSUMERS, INBOX, INBOXES
 
@@ -457,12 +465,21 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         except self.connection_errors:
             return True
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest entry this channel decodes (transport option ``max_message_bytes``,
+        which the layer's worker sets from ``conventions_max_message_bytes``)."""
+        options = self.connection.client.transport_options or {}
+        return int(options.get("max_message_bytes") or envelope.MAX_ENTRY)
+
     def _claim_and_deliver(self, inbox: str, entry: bytes, queue: str, source: str) -> bool:
         """Move the entry from the inbox into the unacked set, then hand it to kombu;
         False when a restore gave it back to its queue first (it is delivered there), or
-        when it is not due yet (it went to the delayed set)."""
+        when it is not due yet (it went to the delayed set). An entry over the size cap
+        is weighed before it is decoded and handed on wrapped, for its dead letter."""
+        limit = self.max_message_bytes
         payload, tag, exchange, routing_key = envelope.read(
-            entry, queue, self.codecs, self.decode_body
+            entry, queue, self.codecs, self.decode_body, limit
         )
         if payload.get("content-type") == UNPARSEABLE:
             facts = payload["properties"].get(envelope.WRAPPED) or {}
@@ -476,12 +493,17 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 self._defer(keys=[inbox, delayed.key_of(queue)], args=[entry, repr(due), member],
                             client=client)  # fmt: skip
             return False
+        tag = envelope.own_tag(payload)  # never the producer's: one record per message
         acked = queue not in self._no_ack.values()
         record = dumps([payload, exchange, routing_key]) if acked else ""
         keys = [inbox, self.unacked_index_key, self.unacked_key]
         args = [entry, tag, time(), record, "1" if acked else "0"]
+        claim = self._claim
+        if len(entry) > limit:  # named by its size and digest, not sent back whole
+            claim = self.client.register_script(CLAIM_LARGE)
+            args = [len(entry), hashlib.sha1(entry, usedforsecurity=False).hexdigest(), *args[1:]]
         with self.conn_or_acquire() as client:
-            if not self._claim(keys=keys, args=args, client=client):
+            if not claim(keys=keys, args=args, client=client):
                 logger.info("a message fetched from %s was given back before its claim", queue)
                 return False
         if acked:

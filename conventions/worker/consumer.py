@@ -18,9 +18,13 @@ Before Celery sees a message, :meth:`Consumer.refusal` turns away, as dead lette
 
 * an entry the transport wrapped because it was not a well-formed kombu envelope
   (:mod:`conventions.transport.envelope`): ``unparseable``, with the transport's reason;
-* a message larger than ``conventions_max_message_bytes`` (body plus header values, 1 MiB
-  by default; payloads hold ids): ``invalid``, so that a 20 MB body is neither shipped
-  to a pool child nor kept whole, and its FAILURE result stays small;
+* a message larger than ``conventions_max_message_bytes`` (1 MiB by default; payloads
+  hold ids) or with more than ``envelope.MAX_HEADERS`` headers: ``invalid``, so that a
+  20 MB body is neither shipped to a pool child nor kept whole, and its FAILURE result
+  stays small. On the layer's Redis transport the entry is weighed as read from the
+  broker, before it is decoded (the transport wraps it; :meth:`connection_for_read`
+  gives it the cap); elsewhere (RabbitMQ) the body as received plus every header and
+  property, before Celery decodes the body;
 * a message whose ETA is further away than the transport's visibility timeout:
   ``invalid``. The worker would hold it unacked until due, and the transport would
   deliver it again every visibility timeout meanwhile, each copy held too. Until
@@ -89,14 +93,18 @@ def raw_body(message: Any) -> dict[str, Any]:
 
 
 def message_size(message: Any, headers: dict[str, Any]) -> int:
-    """About how many bytes a message holds: its body and its header values."""
+    """About how many bytes a message holds: its body, its headers and its properties
+    (names and values: a 10 MB header name or ``reply_to`` counts)."""
     body = message.body
     size = len(body) if isinstance(body, bytes | str) else 0
-    for value in headers.values():
-        if isinstance(value, str):
-            size += len(value)
-        elif isinstance(value, list | dict | tuple):
-            size += len(repr(value))
+    properties = message.properties if isinstance(message.properties, dict) else {}
+    for fields in (headers, properties):
+        for name, value in fields.items():
+            size += len(str(name))
+            if isinstance(value, str | bytes):
+                size += len(value)
+            elif isinstance(value, list | dict | tuple):
+                size += len(repr(value))
     return size
 
 
@@ -219,15 +227,19 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
         facts = envelope.wrapped_facts(message)
         if facts is not None:
             reason = str(facts.get("reason") or "not a kombu message")
+            if facts.get("too_large") is True:  # weighed by the transport, not decoded
+                return Category.INVALID, reason, "MessageTooLarge"
             return Category.UNPARSEABLE, reason, "MalformedEnvelope"
         headers = message.headers if isinstance(message.headers, dict) else {}
+        if len(headers) > envelope.MAX_HEADERS:
+            return Category.INVALID, envelope.too_many(len(headers)), "MessageTooLarge"
         size = message_size(message, headers)
         if size > max_bytes:
-            reason = (
-                f"the message is {size} bytes, over the cap of {max_bytes} "
-                "(conventions_max_message_bytes): payloads hold ids, not data"
+            return (
+                Category.INVALID,
+                envelope.too_large(f"{size} bytes", max_bytes),
+                ("MessageTooLarge"),
             )
-            return Category.INVALID, reason, "MessageTooLarge"
         timeout = getattr(getattr(message, "channel", None), "visibility_timeout", None)
         if isinstance(timeout, int | float) and timeout > 0:
             delay = eta_delay(self.app, message, headers)
@@ -261,14 +273,25 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
                 logger.warning("could not store the failure of %s", task_id, exc_info=True)
         message.ack_log_error(logger, self.connection_errors)
 
+    def max_message_bytes(self) -> int:
+        """``conventions_max_message_bytes``, or the default."""
+        return int(self.app.conf.get("conventions_max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES)
+
+    def connection_for_read(self, heartbeat: Any = None) -> Any:
+        """Celery's, with the size cap the layer's Redis transport weighs each entry
+        against before decoding it (other transports ignore the option; RabbitMQ's
+        messages are weighed by :meth:`refusal`)."""
+        cap = {"max_message_bytes": envelope.entry_cap(self.max_message_bytes())}
+        return self.ensure_connected(
+            self.app.connection_for_read(heartbeat=heartbeat, transport_options=cap)
+        )
+
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's handler, made to survive a message that raises in it, behind the
         refusals of :meth:`refusal`."""
         handle = super().create_task_handler(*args, **kwargs)
         fatal = tuple(self.connection_errors) + tuple(self.channel_errors)
-        max_bytes = int(
-            self.app.conf.get("conventions_max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES
-        )
+        max_bytes = self.max_message_bytes()
 
         def on_task_received(message: Any) -> Any:
             try:

@@ -37,7 +37,7 @@ from conventions.store import keys
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.transport import amqp_queues
-from conventions.worker.consumer import job_kwargs, raw_body
+from conventions.worker.consumer import DEFAULT_MAX_MESSAGE_BYTES, job_kwargs, raw_body
 
 logger = logging.getLogger("conventions.worker.poison_queue")
 
@@ -99,11 +99,15 @@ def record_id(headers: Mapping[str, Any]) -> str:
 
 def dead_letter_of(app: Any, message: Any, worker: str) -> DeadLetter:
     """The ``poison`` record of a dead-lettered message: its kwargs when it is a
-    well-formed job (so that it replays), else its raw body."""
+    well-formed job (so that it replays), else its raw body; a body over
+    ``conventions_max_message_bytes`` is never decoded (its head is kept)."""
     headers = message.headers if isinstance(message.headers, dict) else {}
     death = last_death(headers)
     limit = settings.delivery_limit(app.conf)
-    kwargs = job_kwargs(message)
+    cap = int(app.conf.get("conventions_max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES)
+    body = message.body
+    small = not isinstance(body, bytes | str) or len(body) <= cap
+    kwargs = job_kwargs(message) if small else None
     correlation = hdr.read_header(hdr.CORRELATION, headers.get(hdr.CORRELATION))
     now = utcnow()
     first = death.get("time")

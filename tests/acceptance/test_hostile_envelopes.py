@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import signal
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import redis
 
 from conventions.store.records import Category, DeadLetter
 from conventions.transport import redis as broker
+from conventions.transport.envelope import MAX_ENTRY
 from tests.fixtures import WorkerProcess
 from tests.integration.helpers import wait_for
 
@@ -98,9 +100,11 @@ def fuzz_cases(rng: random.Random) -> list[Case]:  # noqa: PLR0915
 
     def add(name: str, build: Callable[[str], bytes | dict[str, Any]], expected: Any) -> None:
         marker = f"hz-{len(cases):02d}"
-        raw = build(marker)
-        cases.append(Case(name, marker, raw if isinstance(raw, bytes) else
-                          json.dumps(raw).encode(), expected))  # fmt: skip
+        built = build(marker)
+        raw = built if isinstance(built, bytes) else json.dumps(built).encode()
+        if len(raw) > MAX_ENTRY:  # weighed before anything else
+            expected = too_big
+        cases.append(Case(name, marker, raw, expected))
 
     def field(path: str, value: Any, expected: Any, name: str = "") -> None:
         label = name or f"{path}={'missing' if value is DROP else type(value).__name__}"
@@ -313,3 +317,163 @@ def test_a_raw_eta_far_ahead_waits_in_the_delayed_set_not_in_a_worker(
     assert app.store.count_dead_letters() == 0 and broker_redis.llen(QUEUE) == 0
     broker_redis.delete(delayed)
     _good_job_runs("after-eta")
+
+
+@pytest.mark.timeout(180)
+def test_two_messages_sharing_a_delivery_tag_each_keep_their_record_through_kill_nine(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """A producer chooses the delivery tag: two messages in flight with the same one must
+    not share one in-flight record. The held job's message stays recorded once the echo
+    with its tag is acked, so after a kill -9 of its worker it runs again."""
+    from tasks import app
+    from tests.acceptance.support_hostile import HELD_RUNS, RELEASE
+
+    include = "tests.integration.support_jobs,tests.acceptance.support_hostile"
+    env = {"CONVENTIONS_RECOVERY_TIMEOUT": "3"}
+    tag = str(uuid.uuid4())
+    held, echo = envelope("hz-held", task="testing.held.v1"), envelope("hz-echo")
+    held["properties"]["delivery_tag"] = echo["properties"]["delivery_tag"] = tag
+    first = worker_process("tag-first", QUEUE, concurrency=2, include=include, **env)
+    broker_redis.lpush(QUEUE, json.dumps(held))
+    wait_for(lambda: app.store.client.get(HELD_RUNS + "hz-held") == "1")
+    broker_redis.lpush(QUEUE, json.dumps(echo))
+    assert app.AsyncResult("hz-echo").get(timeout=60)["call_id"] == "hz-echo"
+
+    def echo_acked() -> bool:
+        return not any("hz-echo" in raw for raw in broker_redis.hvals("unacked"))
+
+    wait_for(echo_acked)
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    app.store.client.set(RELEASE + "hz-held", 1)
+    worker_process("tag-second", QUEUE, concurrency=2, include=include, **env)
+    try:
+        assert app.AsyncResult("hz-held").get(timeout=60) == "hz-held"
+    finally:
+        app.store.client.delete(RELEASE + "hz-held")
+    assert app.store.client.get(HELD_RUNS + "hz-held") == "2"
+    run = wait_for(lambda: (r := app.store.get_run("hz-held")) and r.state != "running" and r)
+    assert run.state == "succeeded"
+    assert app.store.count_dead_letters() == 0
+    wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
+
+
+#: a fake log line of the worker's and a colour, under the headers' 256 characters
+FORGED_LINE = "[2026-12-02 04:00:00,000: CRITICAL/MainProcess] forged"
+
+
+def test_forged_headers_and_a_key_with_control_characters_are_escaped_in_the_text_log(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """``cc_correlation`` and ``cc_actor`` with a newline and ANSI escapes, and a payload
+    whose key holds a newline and NUL: the worker's text log shows them escaped, on the
+    line they belong to; no forged line, no raw escape reaches the log."""
+    from tasks import app
+
+    include = "tests.integration.support_jobs,tests.acceptance.support_hostile"
+    forged = f"corr\n{FORGED_LINE}\x1b[31m"
+    body = [[], {"text": "line\none\x00two"}, {"callbacks": None, "errbacks": None,
+                                               "chain": None}]  # fmt: skip
+    entry = envelope("hz-noted", body, task="testing.noted.v1",
+                     cc_correlation=forged, cc_actor=f"ops\n{FORGED_LINE}\x1b[0m")  # fmt: skip
+    worker = worker_process("forged", QUEUE, concurrency=1, include=include,
+                            CONVENTIONS_LOG_FORMAT="text")  # fmt: skip
+    broker_redis.lpush(QUEUE, json.dumps(entry))
+    assert app.AsyncResult("hz-noted").get(timeout=60) == "noted:line\none\x00two"
+    log = wait_for(lambda: "noted under" in (out := worker.output()) and out)
+    noted = next(line for line in log.splitlines() if "noted under" in line)
+    assert "noted under noted:line\\none\\x00two" in noted
+    assert "corr=corr\\n[2026-12-02 04:00:00,000: CRITICAL/MainProcess] forged\\x1b[31m" in noted
+    assert "key=noted:line\\none\\x00two" in noted
+    assert not [line for line in log.splitlines() if line.startswith(FORGED_LINE[:24])]
+    assert "\x1b" not in log and "\x00" not in log
+
+
+def _over_the_caps() -> dict[str, bytes]:
+    """Envelopes over the caps the first round missed (a few MB: the raw size is what
+    is weighed), each with its marker."""
+    keys = envelope("hz-keys")
+    keys["headers"].update({f"k{i:07d}-{'x' * 40}": 1 for i in range(50_000)})  # 2.6 MB
+    one_key = envelope("hz-one-key")
+    one_key["headers"]["k" * (2 * 1024 * 1024)] = "v"
+    reply_to = envelope("hz-reply-to")
+    reply_to["properties"]["reply_to"] = "r" * (2 * 1024 * 1024)
+    many = envelope("hz-many-headers")  # small, but more headers than the cap
+    many["headers"].update({f"h{i}": i for i in range(300)})
+    return {
+        marker: json.dumps(entry).encode()
+        for marker, entry in (("hz-keys", keys), ("hz-one-key", one_key),
+                              ("hz-reply-to", reply_to), ("hz-many-headers", many))
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(180)
+def test_an_envelope_over_the_size_or_header_cap_is_dead_lettered_whole_before_decoding(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """Megabytes of header keys, one huge header key, a huge ``reply_to``, 300 headers:
+    weighed as read from the broker, each is one ``invalid`` dead letter that keeps the
+    entry's size, digest and a bounded head, and none of them runs."""
+    from conventions.observability.deadletters import MAX_RAW_BODY
+    from tasks import app
+
+    entries = _over_the_caps()
+    worker = worker_process("caps", QUEUE, concurrency=1, **WORKER_ENV)
+    for raw in entries.values():
+        broker_redis.lpush(QUEUE, raw)
+    wait_for(lambda: app.store.count_dead_letters() >= len(entries), timeout=60)
+    records = app.store.list_dead_letters(limit=100)
+    for marker, raw in entries.items():
+        (record,) = _records_of(records, marker)
+        cap = "headers, over the cap of 256" if "many" in marker else "bytes as read"
+        assert record.category is Category.INVALID and cap in record.message, record.message
+        assert record.payload["size"] == len(raw)
+        assert record.payload["sha256"] == __import__("hashlib").sha256(raw).hexdigest()
+        assert record.payload["kept_bytes"] <= MAX_RAW_BODY
+        assert len(json.dumps(record.to_dict())) < 4 * MAX_RAW_BODY
+        assert app.AsyncResult(marker).state != "SUCCESS"
+    _good_job_runs("after-caps")
+    wait_for(lambda: not any(_left_over(broker_redis).values()), timeout=30)
+    assert worker.proc.poll() is None
+
+
+def _memory(pid: int) -> tuple[int, int]:
+    """(resident, peak resident) MB of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as file:
+        status = dict(line.split(":", 1) for line in file.read().splitlines())
+    return int(status["VmRSS"].split()[0]) // 1024, int(status["VmHWM"].split()[0]) // 1024
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_a_113_mb_envelope_of_a_million_header_keys_never_reaches_the_pool(
+    worker_process: Callable[..., WorkerProcess], broker_redis: redis.Redis
+) -> None:
+    """The first round's 113 MB message (a million header keys): one ``invalid`` dead
+    letter, the pool child never sees it; the worker's memory is printed, before and
+    after (resident and peak, main process and pool child)."""
+    from tasks import app
+
+    entry = envelope("hz-113mb")
+    entry["headers"].update({f"k{i:07d}-{'x' * 96}": 1 for i in range(1_000_000)})
+    raw = json.dumps(entry).encode()
+    del entry
+    worker = worker_process("big", QUEUE, concurrency=1, **WORKER_ENV)
+    main = worker.proc.pid
+    with open(f"/proc/{main}/task/{main}/children") as file:
+        (child,) = map(int, file.read().split())
+    before = {"main": _memory(main), "child": _memory(child)}
+    broker_redis.lpush(QUEUE, raw)
+    size = len(raw)
+    del raw
+    wait_for(
+        lambda: app.store.count_dead_letters() or app.AsyncResult("hz-113mb").state == "SUCCESS",
+        timeout=300,
+    )
+    after = {"main": _memory(main), "child": _memory(child)}
+    print(f"\n113 MB envelope ({size} bytes): rss/peak MB before {before}, after {after}")
+    (record,) = app.store.list_dead_letters(limit=10)
+    assert record.category is Category.INVALID and "as read from the broker" in record.message
+    assert after["child"][1] < before["child"][1] + 50, (before, after)
+    _good_job_runs("after-113mb")

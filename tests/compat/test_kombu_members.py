@@ -95,6 +95,10 @@ METHODS: dict[tuple[str, str], str | None] = {
     ("celery.app.trace", "get_log_policy"): "(task, einfo, exc)",
     ("celery.app.trace", "log_policy_expected"): None,
     ("celery.backends.base", "DisabledBackend"): None,
+    # conventions.worker.consumer: the read connection carries the transport's size cap
+    ("celery.worker.consumer.consumer:Consumer", "connection_for_read"): "(self, heartbeat=None)",
+    ("celery.worker.consumer.consumer:Consumer", "ensure_connected"): "(self, conn)",
+    ("celery.app.base:Celery", "connection_for_read"): "(self, url=None, **kwargs)",
 }
 
 

@@ -5,7 +5,6 @@ copies of itself. Real Redis, real worker (threads), ``MEMORY USAGE`` of the key
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from typing import Any
@@ -65,12 +64,12 @@ def test_a_20_mb_body_becomes_a_small_dead_letter_and_a_small_failure(
     kwargs = {"call_id": "huge-body", "blob": "x" * HUGE}
     task_id = _publish([[], kwargs, {}])
     record = _assert_small(task_id, store_redis, broker_redis)
-    assert record.category is Category.INVALID
-    kept = record.payload
+    assert record.category is Category.INVALID and "bytes as read from the broker" in record.message
+    kept = record.payload  # the entry as read: weighed, never decoded
     body = json.dumps([[], kwargs, {}]).encode()
-    assert (kept["size"], kept["truncated"], kept["kept_bytes"]) == (len(body), True, MAX_RAW_BODY)
-    assert kept["sha256"] == hashlib.sha256(body).hexdigest()
-    assert kept["raw_body"].startswith('[[], {"call_id": "huge-body"')
+    assert kept["size"] > len(body) * 4 // 3 and kept["truncated"] is True
+    assert kept["kept_bytes"] == MAX_RAW_BODY and len(kept["sha256"]) == 64
+    assert kept["raw_body"].startswith('{"body": "')
 
 
 def test_a_20_mb_header_is_kept_as_its_head(
@@ -79,7 +78,7 @@ def test_a_20_mb_header_is_kept_as_its_head(
     task_id = _publish([[], {"call_id": "huge-header"}, {}], kwargsrepr="k" * HUGE)
     record = _assert_small(task_id, store_redis, broker_redis)
     assert record.category is Category.INVALID
-    assert len(record.headers["kwargsrepr"]) < 4096
+    assert len(record.headers.get("kwargsrepr", "")) < 4096
 
 
 def test_a_large_payload_under_the_message_cap_is_kept_small_and_so_is_its_failure(

@@ -314,6 +314,26 @@ def test_a_pickle_in_the_poison_queue_is_kept_raw_never_unpickled(
     assert not tripwire.exists()
 
 
+def test_a_body_over_the_cap_in_the_poison_queue_is_kept_as_its_head_never_decoded(
+    broker: None,
+) -> None:
+    task_id = f"big{uuid.uuid4().hex[:8]}"
+    body = json.dumps([[], {"blob": "x" * (2 * 1024 * 1024)}, {}])
+    # confirmed: closed at once, the connection would drop a publish this large
+    with Connection(q.AMQP_URL, transport_options={"confirm_publish": True}) as connection:
+        amqp_queues.poison_queue(q.app.conf)(connection.channel()).declare()
+        connection.Producer().publish(
+            body, exchange=q.POISON, routing_key=q.POISON, serializer=None,
+            content_type="application/json", content_encoding="utf-8",
+            headers={"id": task_id, "task": q.sided.name,
+                     "x-death": [{"reason": "delivery_limit", "queue": q.SIDE, "count": 1}]},
+        )  # fmt: skip
+    assert poison_queue.drain(q.app, worker="test") == (1, 0)
+    record = _record(task_id)
+    assert record is not None and record.payload["size"] == len(body)
+    assert record.payload["truncated"] is True and "blob" not in record.payload
+
+
 def test_with_the_store_down_the_poison_message_is_not_acked(
     broker: None, caplog: pytest.LogCaptureFixture
 ) -> None:
