@@ -64,7 +64,6 @@ METHODS: dict[tuple[str, str], str | None] = {
     (f"{KOMBU_REDIS}:QoS", "unacked_mutex_expire"): None,
     (f"{KOMBU_REDIS}:QoS", "unacked_index_key"): None,
     (f"{KOMBU_REDIS}:QoS", "visibility_timeout"): None,
-    (f"{KOMBU_REDIS}:QoS", "_vrestore_count"): None,
     (KOMBU_REDIS, "Mutex"): "(client, name, expire)",
     (KOMBU_REDIS, "MutexHeld"): None,
     (f"{KOMBU_VIRTUAL}:Transport", "_deliver"): "(self, message, queue)",
