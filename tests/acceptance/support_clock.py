@@ -1,0 +1,59 @@
+"""Test-only jobs for the clock tests (``tests/integration/test_clock_skew.py``,
+``tests/acceptance/test_chaos_clock.py``): each run of one is stamped with the **Redis
+server's clock**, the correct one, whatever the clock of the worker that ran it.
+
+Imported by those tests and by their worker subprocesses (through ``--include``), never
+by the reference app itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import cast
+
+import redis
+
+from conventions import JobContext
+from tasks import app
+from tasks.payments import ApplyEvent
+
+#: Redis list (in the layer's store database) of each run of an event's job: JSON
+#: ``[started on the Redis clock, worker host:pid, ended on the Redis clock or null]``
+RUNS = "test:clock:runs:"
+#: a job of an event whose key exists runs until this key is set (at most HOLD_LIMIT)
+HOLD = "test:clock:hold:"
+RELEASE = "test:clock:release:"
+HOLD_LIMIT = 60.0
+
+
+def _redis() -> redis.Redis:
+    return cast(redis.Redis, app.store.client)
+
+
+def redis_now(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1_000_000
+
+
+@app.job("testing.stamp_run.v1", payload=ApplyEvent, key="stamp-run:{event_id}", workload="email")
+def stamp_run(payload: ApplyEvent, ctx: JobContext) -> str:
+    """Record the moment it starts on the Redis clock; when the test asked to hold this
+    event's job, run until released (a long job); then record the end."""
+    client = _redis()
+    started = redis_now(client)
+    who = f"{socket.gethostname()}:{os.getpid()}"
+    index = client.rpush(RUNS + payload.event_id, json.dumps([started, who, None])) - 1
+    if client.exists(HOLD + payload.event_id):
+        deadline = time.monotonic() + HOLD_LIMIT
+        while not client.exists(RELEASE + payload.event_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    client.lset(RUNS + payload.event_id, index, json.dumps([started, who, redis_now(client)]))
+    return "stamped"
+
+
+def runs(client: redis.Redis, event_id: str) -> list[tuple[float, str, float | None]]:
+    """Each run of the event's job: started and ended (Redis clock), and where."""
+    return [tuple(json.loads(raw)) for raw in client.lrange(RUNS + event_id, 0, -1)]  # type: ignore[misc]
