@@ -15,13 +15,14 @@ import time
 from typing import cast
 
 import redis
+from celery import current_task
 
 from conventions import JobContext
 from tasks import app
 from tasks.payments import ApplyEvent
 
 #: Redis list (in the layer's store database) of each run of an event's job: JSON
-#: ``[started on the Redis clock, worker host:pid, ended on the Redis clock or null]``
+#: ``[started on the Redis clock, the worker's node name, ended on the Redis clock or null]``
 RUNS = "test:clock:runs:"
 #: a job of an event whose key exists runs until this key is set (at most HOLD_LIMIT)
 HOLD = "test:clock:hold:"
@@ -44,7 +45,7 @@ def stamp_run(payload: ApplyEvent, ctx: JobContext) -> str:
     event's job, run until released (a long job); then record the end."""
     client = _redis()
     started = redis_now(client)
-    who = f"{socket.gethostname()}:{os.getpid()}"
+    who = str(current_task.request.hostname or f"{socket.gethostname()}:{os.getpid()}")
     index = client.rpush(RUNS + payload.event_id, json.dumps([started, who, None])) - 1
     if client.exists(HOLD + payload.event_id):
         deadline = time.monotonic() + HOLD_LIMIT

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from conventions.transport import layout
 from conventions.worker.lifecycle import EX_CONFIG
 from tests.acceptance import support_clock as jobs
 from tests.acceptance.support_chaos import (
@@ -136,6 +137,9 @@ def test_a_sweeper_whose_clock_runs_20s_ahead_does_not_give_back_a_job_a_live_wo
             wait_for(lambda: beats.after(claimed) >= 3, timeout=30)
             assert received(workers) == 1, "the job was delivered again while it ran"
             assert broker.hlen("unacked") == 1 and broker.llen("email") == 0
+            # its keeper measured its skew: in the log, and for the exporter's gauge
+            assert 19 <= layout.clock_skews(broker)["email"] <= 21
+            assert "clock is +20." in fast.output() or "clock is +19." in fast.output()
             store.set(jobs.RELEASE + "evt_0001", "1")
             wait_for(lambda: broker.hlen("unacked") == 0, timeout=30)
             assert received(workers) == 1 and len(jobs.runs(store, "evt_0001")) == 1
