@@ -28,26 +28,31 @@ class Kill:
     scores: dict[bytes, float]
     #: (inbox, entry) pairs the dead consumer's inboxes held
     inboxes: list[tuple[bytes, bytes]]
+    #: the caller's name for the kill (the worker's clock, say)
+    label: str = ""
 
 
 class OrphanWatch:
-    """See the module. ``waits``: ``(kind, seconds)`` per orphan back, kind ``in-flight``
-    or ``inbox``; ``pending`` at the end: orphans never seen back."""
+    """See the module. ``waits``: ``(kind, seconds, label)`` per orphan back, kind
+    ``in-flight`` or ``inbox``, label the kill's; :meth:`never_back`: orphans not seen
+    back (yet)."""
 
     def __init__(self, url: str, period: float) -> None:
         self.client = redis.Redis.from_url(url)
         self.period = period
-        self.waits: list[tuple[str, float]] = []
+        self.waits: list[tuple[str, float, str]] = []
         self.kills: list[Kill] = []
-        self.in_flight: dict[bytes, tuple[float, float]] = {}
-        self.inbox: dict[tuple[bytes, bytes], float] = {}
+        self.in_flight: dict[bytes, tuple[Kill, float]] = {}
+        self.inbox: dict[tuple[bytes, bytes], Kill] = {}
         self._lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def killed(self, pid: int) -> Kill:
-        """Note what the worker of main process ``pid`` holds, just before its kill."""
+    def killed(self, pid: int, label: str = "", at: float | None = None) -> Kill:
+        """Note what the worker of main process ``pid`` holds, just before its kill;
+        ``at``: the Redis clock its death is timed from (default now: a worker stopped
+        earlier with SIGSTOP died when it stopped)."""
         client = self.client
         scores = dict(client.zrange("unacked_index", 0, -1, withscores=True))
         mine = []
@@ -58,11 +63,11 @@ class OrphanWatch:
         for inbox in client.hkeys(INBOXES):
             if any(inbox.decode().startswith(INBOX.format(consumer=c, source="")) for c in mine):
                 entries += [(inbox, entry) for entry in client.lrange(inbox, 0, -1)]
-        kill = Kill(server_now(client), scores, entries)
+        kill = Kill(server_now(client) if at is None else at, scores, entries, label)
         with self._lock:
             self.kills.append(kill)
             for pair in entries:
-                self.inbox[pair] = kill.at
+                self.inbox[pair] = kill
         return kill
 
     def _run(self) -> None:
@@ -86,22 +91,22 @@ class OrphanWatch:
                 pending.remove(kill)
                 for tag, score in done.items():
                     if scores.get(tag) == score:  # not renewed: its consumer is dead
-                        self.in_flight.setdefault(tag, (kill.at, score))
-            for tag, (at, score) in list(self.in_flight.items()):
+                        self.in_flight.setdefault(tag, (kill, score))
+            for tag, (owner, score) in list(self.in_flight.items()):
                 if scores.get(tag) != score:
-                    self.waits.append(("in-flight", now - at))
+                    self.waits.append(("in-flight", now - owner.at, owner.label))
                     del self.in_flight[tag]
-            for (inbox, entry), at in list(self.inbox.items()):
+            for (inbox, entry), owner in list(self.inbox.items()):
                 if entry not in client.lrange(inbox, 0, -1):
-                    self.waits.append(("inbox", now - at))
+                    self.waits.append(("inbox", now - owner.at, owner.label))
                     del self.inbox[(inbox, entry)]
 
-    def worst(self, kind: str | None = None) -> float | None:
-        found = [w for k, w in self.waits if kind in (None, k)]
+    def worst(self, kind: str | None = None, label: str | None = None) -> float | None:
+        found = [w for k, w, n in self.waits if kind in (None, k) and label in (None, n)]
         return max(found) if found else None
 
     def count(self, kind: str) -> int:
-        return len([1 for k, _ in self.waits if k == kind])
+        return len([1 for k, _, _ in self.waits if k == kind])
 
     def never_back(self) -> int:
         with self._lock:
