@@ -6,9 +6,10 @@ replaced by a new one with the same clock), immediate jobs, countdowns and long 
 Measured, every time on the Redis server's clock (the correct one here; each run stamps
 its start with it, :mod:`tests.acceptance.support_clock`):
 
-* **delivered twice while alive**: deliveries of a job (the workers' ``received`` lines)
-  beyond one, plus one per holder that was killed, plus one per deferral (a delivery
-  that found the key still leased by a killed holder publishes itself again);
+* **delivered twice while alive**: a delivery of a job (each is stamped on the Redis
+  clock as a worker receives it) after its first that neither follows the kill of a
+  worker that had received it before, nor is a copy the layer published again (a
+  deferral: its ``cc_due`` is later than the first delivery);
 * **early runs**: a job whose first run started before the due time its publisher (a
   correct clock) wrote;
 * **worst orphan time**: from each kill to each of the dead worker's messages (claimed,
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -64,7 +66,8 @@ class Fleet:
         self.clocks = {name: SkewedClock(folder, offset) for name, offset in CLOCKS.items()}
         self.live: dict[str, Worker] = {}
         self.all: list[tuple[str, Worker]] = []
-        self.killed: set[str] = set()
+        #: killed worker -> the Redis clock at its kill
+        self.killed: dict[str, float] = {}
 
     def start(self, group: str) -> Worker:
         name = f"{group}-{len([g for g, _ in self.all if g == group]) + 1}"
@@ -76,9 +79,8 @@ class Fleet:
 
     def kill(self, group: str, watch: OrphanWatch) -> None:
         worker = self.live.pop(group)
-        watch.killed(worker.proc.pid, group)
+        self.killed[worker.name] = watch.killed(worker.proc.pid, group).at
         worker.kill_all()
-        self.killed.add(worker.name)
 
     def stop(self) -> None:
         for _, worker in self.all:
@@ -103,24 +105,6 @@ def publish(env: dict[str, str], spec: list[tuple[str, float | None]]) -> dict[s
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr).decode(errors="replace")
     return dict(json.loads(done.stdout.decode().splitlines()[-1]))
-
-
-def receptions(fleet: Fleet) -> tuple[dict[str, list[str]], Counter[str]]:
-    """Task id -> the workers that received it (their logs, in no particular order), and
-    how many times a delivery of it was deferred (the ledger found its key held: the
-    re-publish is one more delivery, which the deferred one accounts for)."""
-    found: dict[str, list[str]] = {}
-    deferred: Counter[str] = Counter()
-    for _, worker in fleet.all:
-        for line in worker.output().splitlines():
-            if "testing.stamp_run.v1[" not in line:
-                continue
-            task_id = line.split("testing.stamp_run.v1[", 1)[1].split("]", 1)[0]
-            if "] received" in line:
-                found.setdefault(task_id, []).append(worker.name)
-            elif "]: deferred" in line:
-                deferred[task_id] += 1
-    return found, deferred
 
 
 @pytest.mark.timeout(600)
@@ -187,12 +171,15 @@ def _measure(  # noqa: PLR0917
 ) -> tuple[list[tuple[str, int, int, int, str]], dict[str, int]]:  # fmt: skip
     group_of = {worker.name: group for group, worker in fleet.all}
     twice: Counter[str] = Counter()
-    found, deferred = receptions(fleet)
-    for task_id, holders in found.items():
-        killed = len([h for h in holders if h in fleet.killed])
-        extra = len(holders) - 1 - killed - deferred[task_id]
-        if extra > 0:
-            twice[group_of[holders[0]]] += extra
+    for deliveries in jobs.received(store).values():
+        first = deliveries[0][0]
+        for n, (at, _, cc_due) in enumerate(deliveries[1:], start=1):
+            if cc_due and datetime.fromisoformat(cc_due).timestamp() > first:
+                continue  # published again by the layer (a deferral), not redelivered
+            before = {node.split("@", 1)[0] for _, node, _ in deliveries[:n]}
+            if any(first <= fleet.killed.get(name, at + 1) <= at for name in before):
+                continue  # a holder of it was killed before this delivery
+            twice[group_of.get(deliveries[0][1].split("@", 1)[0], "?")] += 1
     early: Counter[str] = Counter()
     lost = 0
     for event in events:
