@@ -68,6 +68,9 @@ class Held:
     in_inboxes: int = 0
     #: consumers of the queue whose sign of life is fresh
     consumers_alive: int = 0
+    #: the clock skew (seconds, vs the Redis server) of the live consumer of the queue
+    #: farthest from it; None when none measured it
+    clock_skew: float | None = None
 
 
 #: reads, in a few commands whatever the depths, what the transport holds of each queue
@@ -98,6 +101,8 @@ class QueueState:
     in_inboxes: int | None = None
     #: consumers of the queue whose sign of life is fresh (the transport's liveness set)
     consumers_alive: int | None = None
+    #: the largest clock skew among them (seconds vs the Redis server), None if unknown
+    clock_skew: float | None = None
     #: why a figure is unknown (RabbitMQ: the oldest job's age), None when all is known
     note: str | None = None
 
@@ -222,6 +227,7 @@ class BrokerQueues:
             out.append(replace(
                 state, delayed=mine.delayed, next_due_in=due_in, in_flight=mine.in_flight,
                 in_inboxes=mine.in_inboxes, consumers_alive=mine.consumers_alive,
+                clock_skew=mine.clock_skew,
             ))  # fmt: skip
         return out
 

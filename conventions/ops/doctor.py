@@ -43,6 +43,7 @@ from conventions.ops.doctor_time import (
 from conventions.ops.findings import ERROR, OFF, WARNING, Finding, apply_levels, errors
 from conventions.store.redis_records import AUDIT_BYTES_PER_JOB
 from conventions.tracing.scrubbing import scrub_text
+from conventions.transport import skew
 
 logger = logging.getLogger("conventions.ops.doctor")
 
@@ -236,6 +237,7 @@ def _redis_server_checks(url: str, conf: Any) -> Iterator[Finding]:
                 client.config_get("save").get("save")
             )
             memory = _memory(client)
+            found = skew.measure(client)
     except redis.RedisError as exc:
         yield Finding(
             WARNING, "redis-config-unreadable", _where(url),
@@ -257,6 +259,41 @@ def _redis_server_checks(url: str, conf: Any) -> Iterator[Finding]:
             "Redis: conventions_doctor_levels = {'redis-no-persistence': 'warning'})",
         )  # fmt: skip
     yield from audit_findings(_where(url), conf, memory)
+    yield from skew_findings(_where(url), found)
+
+
+def clock_checks(app: Any) -> list[Finding]:
+    """The ``clock-skew`` check alone, against each Redis server the app keeps jobs in
+    (beat runs it at start), with the app's level overrides applied."""
+    import redis
+
+    findings: list[Finding] = []
+    conf = app.conf
+    for url in redis_servers(conf):
+        options = conf.get("broker_transport_options") if url == conf.get("broker_url") else None
+        try:
+            client = sentinel.broker_client(url, options, socket_timeout=5)
+            with client:
+                found = skew.measure(client)
+        except redis.RedisError:
+            continue  # Redis not there yet: beat's own publishes will say so
+        findings.extend(skew_findings(_where(url), found))
+    return apply_levels(findings, conf)
+
+
+def skew_findings(where: str, found: float | None) -> Iterator[Finding]:
+    """This machine's clock against the Redis server's (:mod:`conventions.transport.
+    skew`): a warning from ``WARN_AT`` seconds, an error from ``REFUSE_AT``."""
+    if found is None or abs(found) < skew.WARN_AT:
+        return
+    level = ERROR if abs(found) >= skew.REFUSE_AT else WARNING
+    yield Finding(
+        level, "clock-skew", where,
+        f"this machine's clock is {found:+.1f}s from the Redis server's (warning from "
+        f"{skew.WARN_AT:.0f}s, error from {skew.REFUSE_AT:.0f}s): leases and due times "
+        "follow Redis, but the countdowns this process writes, beat's firings, expiries "
+        "and the run history's timestamps are off by that much; fix its time sync (NTP)",
+    )  # fmt: skip
 
 
 def _where(url: str) -> str:

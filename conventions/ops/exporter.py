@@ -95,6 +95,11 @@ GAUGES: Mapping[str, tuple[tuple[str, ...], str]] = {
     "queue_in_inboxes": (("queue",), "jobs fetched into a worker's inbox, not yet claimed"),
     "queue_consumers_alive": (("queue",), "consumers whose sign of life is fresh"),
     "queue_slo_seconds": (("queue",), "how long a job may wait in the queue (its SLO)"),
+    "clock_skew_seconds": (
+        ("queue",),
+        "the clock of the live consumer of the queue farthest from the Redis server's, "
+        "minus Redis' (its keeper measures it at every beat)",
+    ),
     "store_up": ((), "1 when the last store read succeeded, else 0"),
     "dead_letters": ((), "dead-letter records kept in the store"),
     "outbox_lag_seconds": ((), "age of the oldest outbox row not published yet"),
@@ -282,6 +287,7 @@ class Exporter:
         due = self._gauge("queue_delayed_next_due_age_seconds")
         in_flight, inboxes = self._gauge("queue_in_flight"), self._gauge("queue_in_inboxes")
         alive = self._gauge("queue_consumers_alive")
+        skew = self._gauge("clock_skew_seconds")
         for state in held:
             delayed.add_metric([state.queue], state.delayed or 0)
             if state.next_due_in is not None:  # absent when nothing is delayed
@@ -289,7 +295,9 @@ class Exporter:
             in_flight.add_metric([state.queue], state.in_flight or 0)
             inboxes.add_metric([state.queue], state.in_inboxes or 0)
             alive.add_metric([state.queue], state.consumers_alive or 0)
-        yield from (delayed, due, in_flight, inboxes, alive)
+            if state.clock_skew is not None:  # absent until a keeper measured it
+                skew.add_metric([state.queue], state.clock_skew)
+        yield from (delayed, due, in_flight, inboxes, alive, skew)
 
     def _store_metrics(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily

@@ -10,7 +10,6 @@ the broker through :func:`broker_reader`.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from conventions.observability import queues
@@ -21,12 +20,13 @@ from conventions.transport import layout
 def transport_holdings(unacked_key: str = "unacked") -> queues.Holdings:
     """What the layer's Redis transport holds of each queue beside its lists, read with
     :mod:`conventions.transport.layout`'s readers: a few commands per queue, per consumer
-    and per inbox, whatever the depths. Due times are the publishers' clocks (as Celery's
-    ``eta`` is), so the next one is compared with this machine's."""
+    and per inbox, whatever the depths. The next due time is compared with the Redis
+    server's clock, the one the movers decide on (never this machine's)."""
 
     def read(client: Any, names: Any) -> tuple[dict[str, queues.Held], float]:
-        clock = time.time()
+        clock = layout.server_now(client)
         alive = layout.consumers_alive(client)
+        skews = layout.clock_skews(client)
         inboxes = layout.in_inboxes_by_queue(client)
         in_flight = layout.in_flight_by_queue(client, unacked_key)
         held = {}
@@ -34,7 +34,7 @@ def transport_holdings(unacked_key: str = "unacked") -> queues.Holdings:
             delayed = layout.delayed(client, name)
             held[name] = queues.Held(
                 delayed.count, delayed.next_due, in_flight.get(name, 0),
-                inboxes.get(name, 0), alive.get(name, 0),
+                inboxes.get(name, 0), alive.get(name, 0), skews.get(name),
             )  # fmt: skip
         return held, clock
 

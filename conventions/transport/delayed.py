@@ -12,8 +12,15 @@ the oldest-age figure of the queues view). :data:`MOVE`, run by every consuming 
 at most ``limit`` per call: the moved message is a plain one, run at once, never held.
 A message published twice (kombu retries a publish) is the same member: one job.
 
-The due time is the publisher's clock (as Celery's ``eta`` is), compared with the mover's
-clock plus ``clock_offset`` (a test shifts it); keep the fleet's clocks in sync (NTP).
+Which clock decides: the publisher's clock *writes* the due time (Celery's ``eta`` is the
+publisher's ``now`` plus the countdown, or the moment it names), and the **Redis server's
+clock decides when it has come**: :data:`MOVE` reads ``TIME`` inside the script, so a
+worker whose clock runs fast or slow moves nothing early or late. A publisher whose clock
+is off by ``s`` seconds writes due times off by ``s`` (a countdown from a publisher 5 s
+behind runs about 5 s early by the real clock, never before the moment it wrote); the
+doctor and the keeper measure every process' skew against Redis
+(:mod:`conventions.transport.skew`). ``clock_offset`` (tests only) is added to the Redis
+clock when due times are compared.
 """
 
 from __future__ import annotations
@@ -32,15 +39,19 @@ MOVE_LIMIT = 100
 #: the separator of a member's list key and message (a JSON text has no raw newline)
 SEP = "\n"
 
-#: KEYS: delayed sets; ARGV: now (Unix s), limit -> {moved, next due or ""}. Due members
-#: go to the tail of their list (LPUSH: the fetch takes from the right) oldest first.
+#: KEYS: delayed sets; ARGV: seconds added to the Redis clock (tests: 0), limit ->
+#: {moved, next due or "", now}: due on the Redis clock (``TIME``), never the caller's.
+#: Due members go to the tail of their list (LPUSH: the fetch takes from the right)
+#: oldest first.
 MOVE = """
+local t = redis.call('TIME')
+local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1]))
 local left = tonumber(ARGV[2])
 local moved = 0
 local nextdue = nil
 for i = 1, #KEYS do
   if left > 0 then
-    local due = redis.call('ZRANGE', KEYS[i], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, left)
+    local due = redis.call('ZRANGE', KEYS[i], '-inf', now, 'BYSCORE', 'LIMIT', 0, left)
     for _, member in ipairs(due) do
       local cut = string.find(member, '\\n', 1, true)
       if cut then
@@ -57,7 +68,7 @@ for i = 1, #KEYS do
     if nextdue == nil or score < nextdue then nextdue = score end
   end
 end
-return {moved, nextdue and string.format('%.6f', nextdue) or ''}
+return {moved, nextdue and string.format('%.6f', nextdue) or '', now}
 """
 
 
@@ -68,6 +79,13 @@ class Moved:
     moved: int
     #: due time of the next member of the sets it looked at (Unix s), None if none
     next_due: float | None
+    #: the Redis clock (plus the offset) the script compared due times with
+    now: float = 0.0
+
+    @property
+    def next_in(self) -> float | None:
+        """Seconds until the next member falls due, on the Redis clock."""
+        return None if self.next_due is None else self.next_due - self.now
 
 
 def due_of(message: dict[str, Any]) -> float | None:
@@ -89,10 +107,17 @@ def due_of(message: dict[str, Any]) -> float | None:
 def delay(list_key: str, message: dict[str, Any], due: float) -> str:
     """The delayed-set member of ``message`` (to be pushed into ``list_key`` at ``due``):
     the message without its ``eta``, with ``cc_due``."""
+    return list_key + SEP + str(dumps(undelayed(message, due)))
+
+
+def undelayed(message: dict[str, Any], due: float) -> dict[str, Any]:
+    """``message`` as a consumer delivers it once due: without its ``eta`` (Celery's
+    worker would hold it until its own clock reaches it: late on a slow clock, early on
+    a fast one), with ``cc_due`` for the wait figures."""
     headers = dict(message.get("headers") or {})
     headers["eta"] = None
     headers[hdr.DUE] = datetime.fromtimestamp(due, UTC).isoformat()
-    return list_key + SEP + str(dumps({**message, "headers": headers}))
+    return {**message, "headers": headers}
 
 
 def key_of(queue: str) -> str:
@@ -100,14 +125,14 @@ def key_of(queue: str) -> str:
     return DELAYED.format(queue=queue)
 
 
-def move(client: Any, script: Any, queues: list[str], now: float, limit: int = MOVE_LIMIT) -> (
-    Moved
-):  # fmt: skip
+def move(
+    client: Any, script: Any, queues: list[str], offset: float = 0.0, limit: int = MOVE_LIMIT
+) -> Moved:
     """Run the mover (``script``: :data:`MOVE` registered on ``client``) over the delayed
-    sets of ``queues``."""
+    sets of ``queues``, on the Redis clock plus ``offset`` seconds (tests only)."""
     if not queues:
         return Moved(0, None)
-    moved, next_due = script(keys=[key_of(q) for q in queues], args=[repr(now), limit],
-                             client=client)  # fmt: skip
+    moved, next_due, now = script(keys=[key_of(q) for q in queues],
+                                  args=[repr(float(offset)), limit], client=client)  # fmt: skip
     text = next_due.decode() if isinstance(next_due, bytes) else str(next_due or "")
-    return Moved(int(moved), float(text) if text else None)
+    return Moved(int(moved), float(text) if text else None, float(now))

@@ -1,17 +1,19 @@
 """The fetch's scripts and what its replies can say (:mod:`conventions.transport.redis`).
 
 A fetch moves an entry from a queue's list into the consumer's inbox (``BLMOVE``, or
-:data:`SWEEP` over several lists), then :data:`CLAIM` moves it into kombu's unacked set;
-an entry whose ``eta`` is still ahead (pushed by a producer beside the transport) is put
-in its delayed set instead (:data:`DEFER`): a consumer never holds one.
+:data:`SWEEP` over several lists), then :data:`CLAIM` moves it into kombu's unacked set,
+scored with the Redis server's clock (``TIME``), never the worker's: kombu's restore
+compares that score with the same clock. An entry whose ``eta`` is still ahead *on the
+Redis clock* (pushed by a producer beside the transport, or published straight by a
+publisher whose clock runs ahead) goes to its delayed set instead, in the same script: a
+consumer never holds one, and the claimed message is delivered without its ``eta``
+(:func:`conventions.transport.delayed.undelayed`), so the worker's own clock, fast or
+slow, never holds it back nor lets it run early.
 """
 
 from __future__ import annotations
 
 from redis.exceptions import ResponseError
-
-#: a message due within this many seconds is delivered, not sent back to wait
-EARLY = 1.0
 
 #: KEYS: sources..., inboxes... -> {index, entry} from the first non-empty source, or nil
 SWEEP = """
@@ -22,40 +24,46 @@ for i = 1, n do
 end
 return false
 """
-#: KEYS: inbox, unacked index, unacked; ARGV: entry, tag, now, record, "1" to record it
-#: as unacked ("0": a no-ack consumer's, nothing will ack it) -> 1 claimed, 0 gone
+#: KEYS: inbox, unacked index, unacked, delayed set; ARGV: entry, tag, record, "1" to
+#: record it as unacked ("0": a no-ack consumer's, nothing will ack it), due ("" none),
+#: delayed member, seconds added to the Redis clock for the due time (tests) -> 1 claimed,
+#: 2 deferred (not yet due on the Redis clock: it waits in the delayed set), 0 gone
 CLAIM = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-if ARGV[5] == '1' then
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-  redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+if ARGV[5] ~= '' and tonumber(ARGV[5]) > now + tonumber(ARGV[7]) then
+  redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+  return 2
+end
+if ARGV[4] == '1' then
+  redis.call('ZADD', KEYS[2], string.format('%.6f', now), ARGV[2])
+  redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 end
 return 1
 """
-#: CLAIM for an entry over the size cap, named by its size and sha1 rather than sent
-#: back whole; ARGV: size, sha1, tag, now, record, "1" to record it -> 1 claimed, 0 gone
+#: CLAIM for an entry over the size cap (dead-lettered at once, never deferred), named by
+#: its size and sha1 rather than sent back whole; KEYS as CLAIM's; ARGV: size, sha1, tag,
+#: record, "1" to record it -> 1 claimed, 0 gone
 CLAIM_LARGE = """
 local size = tonumber(ARGV[1])
 for i = 0, redis.call('LLEN', KEYS[1]) - 1 do
   local entry = redis.call('LINDEX', KEYS[1], i)
   if entry and #entry == size and redis.sha1hex(entry) == ARGV[2] then
     redis.call('LREM', KEYS[1], 1, entry)
-    if ARGV[6] == '1' then
-      redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
-      redis.call('HSET', KEYS[3], ARGV[3], ARGV[5])
+    if ARGV[5] == '1' then
+      local t = redis.call('TIME')
+      local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+      redis.call('ZADD', KEYS[2], string.format('%.6f', now), ARGV[3])
+      redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
     end
     return 1
   end
 end
 return 0
 """
-#: KEYS: inbox, delayed set; ARGV: entry, due, member -> 1 deferred, 0 gone: a message
-#: pushed with a future eta by another producer waits in the delayed set, not in memory
-DEFER = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-return 1
-"""
+#: what :data:`CLAIM` answers
+GONE, CLAIMED, DEFERRED = 0, 1, 2
 
 
 def refuses_client_reply(exc: ResponseError) -> bool:

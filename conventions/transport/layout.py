@@ -13,7 +13,9 @@ commands each, never on a job's path.
   until which the consumer is alive. A live consumer pushes it forward; one whose score
   is in the past is dead, and what it held is given back.
 * ``_cc.consumer.<id>``: hash describing one consumer: ``queues`` (comma-separated queue
-  names), ``host``, ``pid``, ``since`` (Unix seconds).
+  names), ``host``, ``pid``, ``since`` (Unix seconds, its clock), ``beat`` (its last
+  renewal, Redis clock) and ``skew`` (its clock minus Redis', seconds, as its keeper
+  last measured it; empty before the first measure).
 * ``_cc.consumers.dead``: hash of dead consumers (field) and when a sweep first found
   their inboxes empty (value, Redis clock); a consumer is forgotten once that is
   ``recovery_timeout`` old.
@@ -69,19 +71,42 @@ def server_now(client: Any) -> float:
     return float(seconds) + float(micros) / 1_000_000
 
 
-def consumers_alive(client: Any) -> dict[str, int]:
-    """Live consumers per queue, from their liveness scores and descriptions."""
+def _alive(client: Any, field: str) -> list[tuple[list[str], str]]:
+    """Each live consumer's queues and the value of one field of its description."""
     alive = [bytes_to_str(c) for c in client.zrangebyscore(CONSUMERS, server_now(client), "+inf")]
     if not alive:
-        return {}
+        return []
     pipe = client.pipeline(transaction=False)
     for consumer in alive:
-        pipe.hget(CONSUMER.format(consumer=consumer), "queues")
+        pipe.hmget(CONSUMER.format(consumer=consumer), "queues", field)
+    return [
+        ([q for q in bytes_to_str(queues or b"").split(",") if q], bytes_to_str(value or b""))
+        for queues, value in pipe.execute()
+    ]
+
+
+def consumers_alive(client: Any) -> dict[str, int]:
+    """Live consumers per queue, from their liveness scores and descriptions."""
     counts: dict[str, int] = {}
-    for queues in pipe.execute():
-        for queue in filter(None, bytes_to_str(queues or b"").split(",")):
+    for queues, _ in _alive(client, "queues"):
+        for queue in queues:
             counts[queue] = counts.get(queue, 0) + 1
     return counts
+
+
+def clock_skews(client: Any) -> dict[str, float]:
+    """Per queue, the clock skew (seconds, its clock minus Redis') of the live consumer
+    of the queue whose clock is farthest from Redis', as its keeper last measured it."""
+    worst: dict[str, float] = {}
+    for queues, value in _alive(client, "skew"):
+        try:
+            skew = float(value)
+        except ValueError:
+            continue  # not measured yet, or an older layer's consumer
+        for queue in queues:
+            if abs(skew) >= abs(worst.get(queue, 0.0)):
+                worst[queue] = skew
+    return worst
 
 
 def in_inboxes_by_queue(client: Any) -> dict[str, int]:

@@ -9,10 +9,13 @@ which do not run kombu's event loop) that:
 * every ``recovery_timeout / 3`` seconds runs :data:`BEAT`: the consumer's score in
   ``_cc.consumers`` (Redis clock + ``recovery_timeout``), its description, its inboxes'
   registration and the ``unacked_index`` score of every message the process holds
-  unacknowledged, all in one script: the sign of life and the in-flight set are renewed
-  together. kombu's restore gives a message back once its score is older than the
-  visibility timeout, which the channel sets to ``recovery_timeout``: a job that runs
-  for hours on a live worker stays fresh, an orphan's goes back;
+  unacknowledged (Redis clock), all in one script: the sign of life and the in-flight
+  set are renewed together. The restore gives a message back once its score is older
+  than the visibility timeout *on the Redis clock*, which the channel sets to
+  ``recovery_timeout``: a job that runs for hours on a live worker stays fresh, an
+  orphan's goes back, whatever any worker's clock says. Each beat also measures this
+  process' clock against Redis' (:mod:`conventions.transport.skew`): a warning beyond
+  the bound, and the skew in the consumer's description for the exporter;
 * about as often, sweeps: :data:`DEAD` finds consumers whose score lapsed (one command
   when nobody died, whatever the size of the fleet); each one's inboxes are given back
   (:data:`GIVE_BACK`, atomic and exclusive) and it is forgotten once they stayed empty
@@ -23,6 +26,10 @@ which do not run kombu's event loop) that:
   messages of its queues' delayed sets (:mod:`conventions.transport.delayed`): the
   fleet moves them, no single mover can die, and a worker whose slots are all busy
   still moves.
+
+No score, lease or due time here is read from a worker's clock: every comparison is made
+inside a script on the Redis server's (``TIME``), so a worker whose clock is minutes off
+neither gives back a live worker's jobs nor keeps a dead one's.
 
 Worst case from a consumer's death to its messages being back in their queue:
 ``recovery_timeout`` (its last score lapses) + one sweep period (``recovery_timeout / 3``)
@@ -43,7 +50,7 @@ from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
-from conventions.transport import delayed
+from conventions.transport import delayed, skew
 from conventions.transport.layout import CONSUMER, CONSUMERS, DEAD_SINCE, INBOX, INBOXES
 
 logger = logging.getLogger("conventions.transport.liveness")
@@ -70,14 +77,16 @@ def release(tag: str) -> None:
 
 
 #: KEYS: consumers, consumer hash, unacked index, inbox registry; ARGV: consumer,
-#: horizon s, queues, host, pid, since, client now, inbox pairs count, pairs..., tags...
-#: -> the tags no longer in the index (acked, or given back): no longer held
+#: horizon s, queues, host, pid, since, clock skew s ("" unknown), inbox pairs count,
+#: pairs..., tags... -> {Redis clock, the tags no longer in the index (acked, or given
+#: back): no longer held}. Every score is the Redis clock's, never the worker's.
 BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local stamp = string.format('%.6f', now)
 redis.call('ZADD', KEYS[1], string.format('%.6f', now + tonumber(ARGV[2])), ARGV[1])
 redis.call('HSET', KEYS[2], 'queues', ARGV[3], 'host', ARGV[4], 'pid', ARGV[5],
-           'since', ARGV[6])
+           'since', ARGV[6], 'skew', ARGV[7], 'beat', stamp)
 local i = 9
 for _ = 1, tonumber(ARGV[8]) do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
@@ -85,11 +94,13 @@ for _ = 1, tonumber(ARGV[8]) do
 end
 local gone = {}
 for j = i, #ARGV do
-  if redis.call('ZADD', KEYS[3], 'XX', 'CH', ARGV[7], ARGV[j]) == 0 then
+  if redis.call('ZSCORE', KEYS[3], ARGV[j]) then
+    redis.call('ZADD', KEYS[3], 'XX', stamp, ARGV[j])
+  else
     gone[#gone + 1] = ARGV[j]
   end
 end
-return gone
+return {stamp, gone}
 """
 #: sent in front of a fetch (KEYS: consumers, inbox registry; ARGV: consumer, horizon s,
 #: inbox/source pairs...): alive and the inboxes registered whenever a fetch can fill them
@@ -202,6 +213,8 @@ class Keeper(threading.Thread):
         self._healthy_since: float | None = None
         self.beats = 0
         self.failures = 0
+        #: this process' clock against the Redis server's, measured at each beat
+        self.clock = skew.Watch(f"consumer {consumer}")
 
     def stop(self, wait: float = 2.0) -> None:
         self.stopping.set()
@@ -224,8 +237,8 @@ class Keeper(threading.Thread):
                     self.sweep()
                     next_sweep = now + self.period
                 moved = self.move()
-                if moved.next_due is not None:
-                    pause = min(pause, max(0.01, moved.next_due - self.now()))
+                if moved.next_in is not None:
+                    pause = min(pause, max(0.01, moved.next_in))
                 if moved.moved >= delayed.MOVE_LIMIT:
                     pause = 0.0  # a backlog: the next batch at once
             except Exception as exc:
@@ -238,9 +251,6 @@ class Keeper(threading.Thread):
                 next_beat = 0.0  # renew first once Redis answers again
             self.stopping.wait(pause)
 
-    def now(self) -> float:
-        return time() + self.clock_offset
-
     def beat(self) -> int:
         """One renewal: alive, described, inboxes registered, held messages fresh;
         answers how many were renewed."""
@@ -248,10 +258,14 @@ class Keeper(threading.Thread):
         mine = HELD.setdefault(self.scope, {})
         held = dict(mine) if self.renew else {}
         keys = [CONSUMERS, CONSUMER.format(consumer=self.consumer), self.unacked_index, INBOXES]
+        last = self.clock.skew
         args = [self.consumer, repr(float(self.recovery_timeout)), ",".join(self.queues()),
-                self.host, self.pid, repr(self.since), repr(time()), len(pairs) // 2, *pairs,
-                *held]  # fmt: skip
-        gone = [bytes_to_str(t) for t in self.client().eval(BEAT, len(keys), *keys, *args)]
+                self.host, self.pid, repr(self.since), "" if last is None else f"{last:.3f}",
+                len(pairs) // 2, *pairs, *held]  # fmt: skip
+        sent = time()
+        stamp, replied = self.client().eval(BEAT, len(keys), *keys, *args)
+        self.clock.observe(sent, time(), float(stamp))
+        gone = [bytes_to_str(t) for t in replied]
         for tag in gone:  # not re-claimed since the snapshot: forget it
             if mine.get(tag) == held.get(tag):
                 mine.pop(tag, None)
@@ -269,4 +283,4 @@ class Keeper(threading.Thread):
         client = self.client()
         if self._mover is None or self._mover.registered_client is not client:
             self._mover = client.register_script(delayed.MOVE)
-        return delayed.move(client, self._mover, self.queues(), self.now())
+        return delayed.move(client, self._mover, self.queues(), self.clock_offset)

@@ -88,13 +88,13 @@ from conventions.transport.envelope import UNPARSEABLE
 from conventions.transport.fetch import (
     CLAIM,
     CLAIM_LARGE,
-    DEFER,
-    EARLY,
+    CLAIMED,
+    DEFERRED,
     SWEEP,
     refuses_client_reply,
 )
 from conventions.transport.hook import _HOOK, PushHook, pushing_through
-from conventions.transport.layout import CONSUMERS, INBOX, INBOXES
+from conventions.transport.layout import CONSUMERS, INBOX, INBOXES, server_now
 
 __all__ = [
     "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook", "QoS", "SentinelChannel",
@@ -152,13 +152,36 @@ class QoS(kredis.QoS):  # type: ignore[misc]
         (which waits for every live consumer to renew after an outage first)."""
         if self.channel.keeper is not None:
             return
-        super().restore_visible(start, num, interval)
-        if (self._vrestore_count - 1) % (interval or 1) == 0:
-            self.channel.give_back_dead_inboxes()
+        self._vrestore_count += 1
+        if (self._vrestore_count - 1) % (interval or 1):
+            return
+        self.restore_past(num)
+        self.channel.give_back_dead_inboxes()
 
     def restore_now(self) -> None:
-        """kombu's restore of the unacked set past the visibility timeout, unthrottled."""
-        kredis.QoS.restore_visible(self, num=self.channel.unacked_restore_limit, interval=1)
+        """The restore of the unacked set past the visibility timeout, unthrottled."""
+        self.restore_past(self.channel.unacked_restore_limit)
+
+    def restore_past(self, num: int | None) -> int:
+        """kombu's restore, on the Redis server's clock: give back the messages whose
+        ``unacked_index`` score (written by the claim and the keepers with ``TIME``) is
+        older than the visibility timeout *by Redis*, never by this worker's clock
+        (kombu compares ``time() - visibility_timeout``: a sweeper 20 s fast gave back
+        jobs that live workers were running). Answers how many it gave back."""
+        restored = 0
+        with self.channel.conn_or_acquire() as client:
+            try:
+                with kredis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
+                    ceil = server_now(client) - self.visibility_timeout
+                    visible = client.zrange(self.unacked_index_key, ceil, 0, desc=True,
+                                            byscore=True, offset=0 if num else None,
+                                            num=num or None)  # fmt: skip
+                    for tag in visible or []:
+                        self.restore_by_tag(tag, client)
+                        restored += 1
+            except kredis.MutexHeld:
+                pass
+        return restored
 
 
 class Channel(kredis.Channel):  # type: ignore[misc]
@@ -187,7 +210,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
     #: clock again (tests that need a running job delivered twice)
     renew_unacked = True
     mover_interval = DEFAULT_MOVER_INTERVAL
-    #: seconds added to this process' clock when comparing due times (tests)
+    #: seconds added to the clock due times are compared with (tests only): the Redis
+    #: server's in the mover and the claim, this process' when publishing
     clock_offset = 0.0
     #: replicas every publish waits for (0: none) and for how long (milliseconds)
     min_replicas = 0
@@ -224,7 +248,6 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             {"min_replicas": self.min_replicas, "replica_wait_ms": self.replica_wait_ms}
         )
         self._claim = self.client.register_script(CLAIM)  # EVALSHA, loaded when missing
-        self._defer = self.client.register_script(DEFER)
         if self.global_keyprefix:
             raise ValueError(
                 "conventions.transport.redis does not support global_keyprefix: use a Redis "
@@ -272,7 +295,9 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         return f"{params.hostname}:{params.port}/{params.virtual_host}/{self.unacked_index_key}"
 
     def now(self) -> float:
-        """This process' clock as due times are compared with it."""
+        """This process' clock, as a publish reads it: a message whose ``eta`` is not
+        ahead of it is pushed into its list (the claim still defers it while it is not
+        due on the Redis clock)."""
         return time() + float(self.clock_offset)
 
     # -- publishing -------------------------------------------------------------------
@@ -473,10 +498,11 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         return int(options.get("max_message_bytes") or envelope.MAX_ENTRY)
 
     def _claim_and_deliver(self, inbox: str, entry: bytes, queue: str, source: str) -> bool:
-        """Move the entry from the inbox into the unacked set, then hand it to kombu;
-        False when a restore gave it back to its queue first (it is delivered there), or
-        when it is not due yet (it went to the delayed set). An entry over the size cap
-        is weighed before it is decoded and handed on wrapped, for its dead letter."""
+        """Move the entry from the inbox into the unacked set (scored on the Redis clock),
+        then hand it to kombu; False when a restore gave it back to its queue first (it
+        is delivered there), or when it is not due yet on the Redis clock (it went to the
+        delayed set). An entry over the size cap is weighed before it is decoded and
+        handed on wrapped, for its dead letter."""
         limit = self.max_message_bytes
         payload, tag, exchange, routing_key = envelope.read(
             entry, queue, self.codecs, self.decode_body, limit
@@ -487,25 +513,28 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 "queue %s held an entry kombu cannot take: %s", queue, facts.get("reason")
             )
         due = delayed.due_of(payload)
-        if due is not None and due > self.now() + EARLY:
+        member = ""
+        if due is not None:  # delivered without its eta: the worker's clock never holds it
             member = delayed.delay(source, payload, due)
-            with self.conn_or_acquire() as client:
-                self._defer(keys=[inbox, delayed.key_of(queue)], args=[entry, repr(due), member],
-                            client=client)  # fmt: skip
-            return False
+            payload = delayed.undelayed(payload, due)
         tag = envelope.own_tag(payload)  # never the producer's: one record per message
         acked = queue not in self._no_ack.values()
         record = dumps([payload, exchange, routing_key]) if acked else ""
-        keys = [inbox, self.unacked_index_key, self.unacked_key]
-        args = [entry, tag, time(), record, "1" if acked else "0"]
+        keys = [inbox, self.unacked_index_key, self.unacked_key, delayed.key_of(queue)]
+        args = [entry, tag, record, "1" if acked else "0", "" if due is None else repr(due),
+                member, repr(float(self.clock_offset))]  # fmt: skip
         claim = self._claim
         if len(entry) > limit:  # named by its size and digest, not sent back whole
             claim = self.client.register_script(CLAIM_LARGE)
-            args = [len(entry), hashlib.sha1(entry, usedforsecurity=False).hexdigest(), *args[1:]]
+            digest = hashlib.sha1(entry, usedforsecurity=False).hexdigest()
+            args = [len(entry), digest, *args[1:4]]
         with self.conn_or_acquire() as client:
-            if not claim(keys=keys, args=args, client=client):
-                logger.info("a message fetched from %s was given back before its claim", queue)
-                return False
+            answer = int(claim(keys=keys, args=args, client=client))
+        if answer == DEFERRED:  # not yet due on the Redis clock: it waits in Redis
+            return False
+        if answer != CLAIMED:
+            logger.info("a message fetched from %s was given back before its claim", queue)
+            return False
         if acked:
             self.claimed[tag] = True
             liveness.hold(self.held_scope, tag)

@@ -3,7 +3,8 @@
 Start (``worker_init``, in the main process before the pool forks): the shared stop
 flag is made, so that prefork children inherit it, and the doctor's static checks run:
 an error refuses to start the worker (exit status 78, the message says the fix), a
-warning is logged.
+warning is logged. Beat (``beat_init``) runs the doctor's clock check the same way: its
+business dates come from its own clock (:mod:`conventions.transport.skew`).
 
 Stop: on SIGTERM Celery begins a warm shutdown (no new jobs) and sends
 ``worker_shutting_down``; the stop flag is set, so running jobs see
@@ -55,7 +56,18 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     if app.conf.get("conventions_doctor_on_start") is False:
         return
-    findings = doctor.static_checks(app)
+    _refuse_on_errors(doctor.static_checks(app), "worker")
+
+
+def on_beat_init(app: Any) -> None:
+    """Beat, at start: its clock against the Redis servers' (the doctor's
+    ``clock-skew`` check); an error refuses to start it, a warning is logged."""
+    if app.conf.get("conventions_doctor_on_start") is False:
+        return
+    _refuse_on_errors(doctor.clock_checks(app), "beat")
+
+
+def _refuse_on_errors(findings: list[Any], what: str) -> None:
     for finding in findings:
         if finding.level == doctor.WARNING:
             logger.warning("doctor: %s", finding.line())
@@ -63,7 +75,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     if refused:
         lines = "\n".join(f"  {f.line()}" for f in refused)
         message = (
-            f"conventions doctor refuses to start this worker:\n{lines}\n"
+            f"conventions doctor refuses to start this {what}:\n{lines}\n"
             "(fix the configuration; conventions_doctor_levels can lower a check's level)"
         )
         logger.critical("%s", message)

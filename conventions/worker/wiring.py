@@ -135,6 +135,7 @@ class Wiring:
         if self._mine(sender):
             self._start()
             _init_sentry(self.app)
+            lifecycle.on_beat_init(self.app)
 
     def setup_logger(self, sender: Any = None, logger: Any = None, **_: Any) -> None:
         if self._runs_here() and logger is not None:

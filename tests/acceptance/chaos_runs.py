@@ -92,14 +92,19 @@ class Crew:
             time.sleep(0.1)
         return None
 
-    def kill_nine(self, rng: random.Random, whole: bool) -> str:
-        """``kill -9`` a whole worker (main process and pool), or one pool process."""
+    def kill_nine(
+        self, rng: random.Random, whole: bool, before: Callable[[Worker], object] | None = None
+    ) -> str:
+        """``kill -9`` a whole worker (main process and pool), or one pool process;
+        ``before`` is called with the victim just before a whole worker's kill."""
         victim = self.pick(rng)
         if victim is None:
             return "none live"
         if whole:
             with self.lock:
                 self.live.remove(victim)
+            if before is not None:
+                before(victim)
             victim.kill_all()
             self.replace_later()
             return f"kill -9 {victim.name} (main and pool)"

@@ -182,15 +182,25 @@ class Worker:
     """A real ``celery -A <app> worker`` subprocess (prefork), in its own session."""
 
     def __init__(  # noqa: PLR0917
-        self, app: str, name: str, queue: str, env: dict[str, str], folder: Path, include: str = ""
+        self,
+        app: str,
+        name: str,
+        queue: str,
+        env: dict[str, str],
+        folder: Path,
+        include: str = "",
+        launcher: list[str] | None = None,
     ) -> None:
+        """``launcher``: what runs ``celery`` (default ``python -m celery``; a skewed
+        clock's: :func:`tests.acceptance.support_faketime.launcher`)."""
         self.name = name
         extra = ["-I", include] if include else []
         self.log = folder / f"{name}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queue,
+                    *(launcher or [sys.executable, "-m", "celery"]), "-A", app, "worker",
+                    "-Q", queue,
                     "-c", "2", "-P", "prefork", "-n", f"{name}@%h", "--without-gossip",
                     "--without-mingle", "--loglevel=INFO", *extra,
                 ],

@@ -58,6 +58,14 @@ METHODS: dict[tuple[str, str], str | None] = {
     (f"{KOMBU_REDIS}:QoS", "append"): "(self, message, delivery_tag)",
     (f"{KOMBU_REDIS}:QoS", "restore_visible"): "(self, start=0, num=10, interval=10)",
     (f"{KOMBU_VIRTUAL}:QoS", "append"): "(self, message, delivery_tag)",
+    # conventions.transport.redis: the restore on the Redis server's clock
+    (f"{KOMBU_REDIS}:QoS", "restore_by_tag"): "(self, tag, client=None, leftmost=False)",
+    (f"{KOMBU_REDIS}:QoS", "unacked_mutex_key"): None,
+    (f"{KOMBU_REDIS}:QoS", "unacked_mutex_expire"): None,
+    (f"{KOMBU_REDIS}:QoS", "unacked_index_key"): None,
+    (f"{KOMBU_REDIS}:QoS", "visibility_timeout"): None,
+    (KOMBU_REDIS, "Mutex"): "(client, name, expire)",
+    (KOMBU_REDIS, "MutexHeld"): None,
     (f"{KOMBU_VIRTUAL}:Transport", "_deliver"): "(self, message, queue)",
     # the poller hands the channel's queue cycle to these two
     ("kombu.utils.scheduling:round_robin_cycle", "consume"): "(self, n)",

@@ -106,7 +106,7 @@ def test_the_mover_moves_only_due_members_at_most_its_limit_in_due_order(
         publish_at(connection, queue, {"n": n}, now + timedelta(seconds=60 + n))
     publish_at(connection, queue, {"n": 9}, now + timedelta(days=1))
     script = client.register_script(delayed.MOVE)
-    later = now.timestamp() + 70
+    later = 70.0  # the Redis clock, 70 s on
 
     first = delayed.move(client, script, [queue.name], later, limit=2)
     assert first.moved == 2 and first.next_due is not None
