@@ -11,10 +11,13 @@ size is bounded, not only its age: each event is kept in the compact form
 keeps its newest :data:`AUDIT_MAX_EVENTS` events, and beyond :data:`AUDIT_MAX_TRAILS`
 trails the ones idle longest are dropped as new ones come.
 
-The dead-letter and audit scripts build some key names at run time (the indexes a record
-was in, the records of a purge batch), so this store targets one Redis node (or a
-replicated primary), not Redis Cluster. :class:`RedisRecords` is a part of
-:class:`~conventions.store.redis.RedisStore`, not a store on its own.
+Some scripts build key names at run time from a prefix they are given (the indexes a
+record was in, the records of a purge batch or a listing, the oldest trail beyond the
+cap): on Redis Cluster that prefix carries the partition's hash tag, so every name a
+script builds hashes to the slot of the keys it declares, and runs on that shard. The
+fleet-wide readers (listings, counts, counters, purges, a correlation's trail) visit
+each partition (:meth:`_scopes`: one on one node) and merge. :class:`RedisRecords` is a
+part of :class:`~conventions.store.redis.RedisStore`, not a store on its own.
 """
 
 from __future__ import annotations
@@ -262,6 +265,14 @@ def _events(found: list[str], correlation_id: str) -> list[AuditEvent]:
     return events
 
 
+def _job_of(event: AuditEvent) -> str:
+    """What an event's partition is chosen by on a cluster: its job's namespaced key, as
+    the ledger's (its task id when it has none)."""
+    if event.idempotency_key:
+        return keys.namespaced(event.task, event.idempotency_key)
+    return event.task_id
+
+
 def _score(moment: datetime) -> str:
     """A sorted-set score: POSIX seconds, exact (``repr``); naive times are taken as UTC."""
     if moment.tzinfo is None:
@@ -294,9 +305,10 @@ class RedisRecords(RedisRuns):
 
     # -- dead letters -------------------------------------------------------------------
     def put_dead_letter(self, record: DeadLetter) -> None:
-        indexes = keys.dead_letter_indexes(record.task, str(record.category), self.prefix)
+        p = self._scope(record.id)
+        indexes = keys.dead_letter_indexes(record.task, str(record.category), p)
         self._put_dead_letter(
-            keys=[keys.dead_letter(record.id, self.prefix), *indexes],
+            keys=[keys.dead_letter(record.id, p), *indexes],
             args=[
                 record.id,
                 json.dumps(record.to_dict()),
@@ -306,11 +318,11 @@ class RedisRecords(RedisRuns):
         )
 
     def get_dead_letter(self, record_id: str) -> DeadLetter | None:
-        data = self.client.hget(keys.dead_letter(record_id, self.prefix), "data")
+        data = self.client.hget(keys.dead_letter(record_id, self._scope(record_id)), "data")
         return None if data is None else DeadLetter.from_dict(json.loads(cast(str, data)))
 
     def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
-        record = keys.dead_letter(record_id, self.prefix)
+        record = keys.dead_letter(record_id, self._scope(record_id))
         for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
             raw = cast("str | None", self.client.hget(record, "data")) or ""
             data = replayed_copy(raw, seen, at) if raw else None
@@ -327,83 +339,101 @@ class RedisRecords(RedisRuns):
         since: datetime | None = None,
         limit: int = 100,
     ) -> list[DeadLetter]:
-        """One script: the matching index, newest first, then those records only."""
+        """One script: the matching index, newest first, then those records only (on a
+        cluster, one per partition, merged)."""
         if limit <= 0:
             return []
-        index = keys.dead_letters_index(
-            task=task, category=None if category is None else str(category), prefix=self.prefix
-        )
-        found = self._list_dead_letters(
-            keys=[index],
-            args=[
-                keys.dead_letter("", self.prefix),
-                "-inf" if since is None else _score(since),
-                limit,
-            ],
-        )
-        return [DeadLetter.from_dict(json.loads(data)) for data in cast("list[str]", found)]
+        found: list[DeadLetter] = []
+        for p in self._scopes():
+            index = keys.dead_letters_index(
+                task=task, category=None if category is None else str(category), prefix=p
+            )
+            part = self._list_dead_letters(
+                keys=[index],
+                args=[keys.dead_letter("", p), "-inf" if since is None else _score(since), limit],
+            )
+            found += [DeadLetter.from_dict(json.loads(data)) for data in cast("list[str]", part)]
+        if not self.clustered:
+            return found
+        found.sort(key=lambda record: (record.last_failed_at, record.id), reverse=True)
+        return found[:limit]
 
     def count_dead_letters(self) -> int:
-        return self.client.zcard(keys.dead_letters_index(prefix=self.prefix))
+        return sum(self.client.zcard(keys.dead_letters_index(prefix=p)) for p in self._scopes())
 
     def delete_dead_letter(self, record_id: str) -> bool:
+        p = self._scope(record_id)
         removed = self._delete_dead_letter(
-            keys=[
-                keys.dead_letters_index(prefix=self.prefix),
-                keys.dead_letter(record_id, self.prefix),
-            ],
+            keys=[keys.dead_letters_index(prefix=p), keys.dead_letter(record_id, p)],
             args=[record_id],
         )
         return bool(removed)
 
     def purge_dead_letters(self, older_than: datetime) -> int:
         """Batches of :data:`PURGE_BATCH` records, oldest first, each batch atomic."""
-        return self._purge(
-            self._purge_dead_letters,
-            keys.dead_letters_index(prefix=self.prefix),
-            keys.dead_letter("", self.prefix),
-            older_than,
+        return sum(
+            self._purge(
+                self._purge_dead_letters,
+                keys.dead_letters_index(prefix=p),
+                keys.dead_letter("", p),
+                older_than,
+            )
+            for p in self._scopes()
         )
 
     # -- audit trail --------------------------------------------------------------------
     def add_audit(self, event: AuditEvent) -> None:
         """The same script step as an event that rides with a ledger change (append,
         expiry, index, caps, counters): one round trip."""
-        audit_keys, audit_args = self._audit_parts(event)
+        audit_keys, audit_args = self._audit_parts(event, self._scope(_job_of(event)))
         self._add_audit(keys=audit_keys, args=audit_args)
 
-    def _audit_parts(self, event: AuditEvent | None) -> tuple[list[str], list[Any]]:
-        """The trailing KEYS and ARGV of a script that records ``event`` (or nothing)."""
-        by_time, counted = keys.audit_by_time(self.prefix), keys.counts(self.prefix)
+    def _audit_parts(self, event: AuditEvent | None, p: str) -> tuple[list[str], list[Any]]:
+        """The trailing KEYS and ARGV of a script that records ``event`` (or nothing),
+        under the prefix ``p`` of the job's keys (:meth:`_scope`)."""
+        by_time, counted = keys.audit_by_time(p), keys.counts(p)
         if event is None:
             return [by_time, by_time, counted], ["", "", 1, 0, "", "[]", "", 0, 0, ""]
-        trail = keys.audit(event.correlation_id, self.prefix)
+        trail = keys.audit(event.correlation_id, p)
         ttl = max(1, math.ceil(self.audit_ttl))
         moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
         return [trail, by_time, counted], [
             *_compact(event), ttl, _score(event.at), event.correlation_id, moved,
-            keys.audit("", self.prefix), self.audit_max_events, self.audit_max_trails,
-            self._run_arg(event),
+            keys.audit("", p), self.audit_max_events, self.audit_max_trails,
+            self._run_arg(event, p),
         ]  # fmt: skip
 
     def audit_for(self, correlation_id: str) -> list[AuditEvent]:
-        """The trail in event time order (append order among equal times)."""
-        found = self.client.lrange(keys.audit(correlation_id, self.prefix), 0, -1)
-        events = _events(cast("list[str]", found), correlation_id)
+        """The trail in event time order (append order among equal times). On a
+        cluster a correlation's jobs may sit in several partitions: one ``LRANGE`` per
+        partition, pipelined by node (a job's events are all in one)."""
+        scopes = self._scopes()
+        if len(scopes) == 1:
+            found = [self.client.lrange(keys.audit(correlation_id, scopes[0]), 0, -1)]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for p in scopes:
+                pipe.lrange(keys.audit(correlation_id, p), 0, -1)
+            found = pipe.execute()
+        events = [e for part in found for e in _events(cast("list[str]", part), correlation_id)]
         return sorted(events, key=lambda event: event.at)
 
     def counters(self) -> dict[tuple[str, str], int]:
-        """Every counter the audit events moved (one ``HGETALL``)."""
-        found = cast("dict[str, str]", self.client.hgetall(keys.counts(self.prefix)))
-        return {counts.split(name): int(value) for name, value in found.items()}
+        """Every counter the audit events moved (one ``HGETALL``; on a cluster one per
+        partition, summed)."""
+        total: dict[tuple[str, str], int] = {}
+        for p in self._scopes():
+            found = cast("dict[str, str]", self.client.hgetall(keys.counts(p)))
+            for name, value in found.items():
+                split = counts.split(name)
+                total[split] = total.get(split, 0) + int(value)
+        return total
 
     def purge_audit(self, older_than: datetime) -> int:
         """Drops whole trails whose last event is before ``older_than``; counts events."""
-        return self._purge(
-            self._purge_audit,
-            keys.audit_by_time(self.prefix),
-            keys.audit("", self.prefix),
-            older_than,
+        return sum(
+            self._purge(self._purge_audit, keys.audit_by_time(p), keys.audit("", p), older_than)
+            for p in self._scopes()
         )
 
     def _purge(self, script: Script, index: str, key_prefix: str, older_than: datetime) -> int:
