@@ -244,7 +244,8 @@ def spare_store() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[Any]:
     """A Redis Cluster of three masters on ports 7100-7102 (the store contract's), of
-    this session's own: started once, stopped at the end (:mod:`tests.integration.support_cluster`)."""
+    this session's own: started once, stopped at the end
+    (:mod:`tests.integration.support_cluster`)."""
     from tests.integration import support_cluster
 
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:

@@ -86,7 +86,10 @@ class Cluster:
         raise AssertionError("the cluster did not reach cluster_state:ok")
 
     def _ok(self, port: int) -> bool:
-        with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=2) as node:
+        with (
+            contextlib.suppress(redis.RedisError),
+            redis.Redis(port=port, socket_timeout=2) as node,
+        ):
             info = node.execute_command("CLUSTER", "INFO")
             text = info.decode() if isinstance(info, bytes) else str(info)
             if "cluster_state:ok" not in text:
@@ -146,7 +149,10 @@ def _listening(port: int) -> bool:
 def _ping(port: int, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as node:
+        with (
+            contextlib.suppress(redis.RedisError),
+            redis.Redis(port=port, socket_timeout=1) as node,
+        ):
             if node.ping():
                 return
         time.sleep(0.05)

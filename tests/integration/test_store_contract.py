@@ -1,13 +1,13 @@
 """The store contract, run against real Redis, Redis Cluster, PostgreSQL and SQLite.
 
 One suite, four backends (the cluster: three masters of the session's own,
-``redis_cluster`` in ``tests/fixtures.py``): every test runs once per backend, so the backends cannot drift
-apart. Each run gets its own isolated storage (a random Redis key prefix, random
-PostgreSQL table names, a new SQLite file), emptied after every test and removed at the
-end. Leases are fractions
-of a second so that expiry is real and the file stays fast. Override the services with
-``TEST_REDIS_URL`` and ``TEST_POSTGRES_URL``; a service that does not answer is skipped
-on a laptop and fails in CI.
+``redis_cluster`` in ``tests/fixtures.py``): every test runs once per backend, so the
+backends cannot drift apart. Each run gets its own isolated storage (a random Redis key
+prefix, random PostgreSQL table names, a new SQLite file), emptied after every test and
+removed at the end. Leases are fractions of a second so that expiry is real and the
+file stays fast. Override the services with ``TEST_REDIS_URL`` and
+``TEST_POSTGRES_URL``; a service that does not answer is skipped on a laptop and fails
+in CI.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def cluster_backend(redis_cluster: Any) -> Iterator[RedisStore]:
     """The Redis store on a three-master Redis Cluster, opened from its URL."""
     from tests.integration import support_cluster
 
-    store = RedisStore(support_cluster.url(redis_cluster.ports), prefix=f"cc-test-{uuid.uuid4().hex}:")
+    store = RedisStore(
+        support_cluster.url(redis_cluster.ports), prefix=f"cc-test-{uuid.uuid4().hex}:"
+    )
     try:
         yield store
     finally:
