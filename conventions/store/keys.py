@@ -323,6 +323,8 @@ class Scoped:
     """The key naming of a Redis store part: its prefix, whether it is on a cluster, and
     the prefix of a job's keys (:func:`scope`) or of every partition (:func:`scopes`)."""
 
+    #: the store's client (a ``redis.Redis``, or a ``redis.RedisCluster``)
+    client: Any
     prefix: str
     #: on Redis Cluster: every job's keys carry its partition's hash tag
     clustered: bool = False
@@ -336,3 +338,11 @@ class Scoped:
         """Every partition's prefix (the one plain prefix on one node): what a
         fleet-wide reader visits."""
         return scopes(self.prefix, self.clustered)
+
+    def _each(self, command: str, names: list[str]) -> list[Any]:
+        """``command`` on each key of ``names`` (one per partition), in one pipeline (on
+        a cluster, one round trip per master): the fleet-wide counts' scatter-gather."""
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.execute_command(command, name)
+        return list(pipe.execute())

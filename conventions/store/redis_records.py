@@ -32,7 +32,8 @@ from redis.commands.core import Script
 
 from conventions.store import counts, keys
 from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
-from conventions.store.redis_runs import RUN, RedisRuns
+from conventions.store.redis_audit import AUDIT, _compact, _events
+from conventions.store.redis_runs import RedisRuns
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
 _DROP_RECORD = """
@@ -129,140 +130,8 @@ PURGE_BATCH = 500
 #: 1,603 and about 1,700); ``tests/integration/test_audit_bounds.py`` holds it to a budget
 AUDIT_BYTES_PER_JOB = 900
 
-#: Appends an audit event in the same script as the state change it records, and moves
-#: its counters (:mod:`conventions.store.counts`). Every script that uses it takes the audit
-#: trail, the by-time index and the counters hash as its last three KEYS and (event JSON
-#: or '', the same without its job fields or '', trail ttl s, score, correlation id,
-#: counter fields JSON [field, n, ...], trail key prefix, max events per trail, max
-#: trails, and the event's run change or '': :data:`~conventions.store.redis_runs.RUN`)
-#: as its last ten ARGV.
-#:
-#: The job fields (task, causation, idempotency key) are kept once per job and trail: an
-#: event whose nearest earlier event of the same task id (among the last 16) carries the
-#: same ones is kept without them, and the reader fills them in. The two caps bound the
-#: trail's size (0: no cap). A trail longer than max events keeps its newest ones (the
-#: first event that leaned on a dropped one gets its job fields back); beyond max trails,
-#: the trails idle longest are dropped, at most two per event (a lowered cap is reached
-#: gradually, and one event never runs long).
-AUDIT = (
-    RUN
-    + """
-local function same_job(raw, task_id)
-  if not string.find(raw, task_id, 1, true) then return nil end
-  local ok, other = pcall(cjson.decode, raw)
-  if ok and type(other) == 'table' and other.j == task_id then return other end
-  return nil
-end
-
-local function shortest(trail, full, short)
-  if short == '' then return full end
-  local new = cjson.decode(full)
-  local recent = redis.call('LRANGE', trail, -16, -1)
-  for i = #recent, 1, -1 do
-    local other = same_job(recent[i], new.j)
-    if other and other.t ~= nil then
-      if other.t == new.t and other.c == new.c and other.k == new.k then return short end
-      return full
-    end
-  end
-  return full
-end
-
-local function job_fields(carrier)
-  local fields = '"t":' .. cjson.encode(carrier.t)
-  if carrier.c ~= nil then fields = fields .. ',"c":' .. cjson.encode(carrier.c) end
-  if carrier.k ~= nil then fields = fields .. ',"k":' .. cjson.encode(carrier.k) end
-  return fields
-end
-
-local function trim(trail, max_events, length)
-  local drop = length - max_events
-  local window = redis.call('LRANGE', trail, 0, drop + 15)
-  for i = 1, drop do
-    local ok, carrier = pcall(cjson.decode, window[i])
-    if ok and type(carrier) == 'table' and carrier.j ~= nil and carrier.t ~= nil then
-      for m = drop + 1, #window do
-        local other = same_job(window[m], carrier.j)
-        if other then
-          if other.t == nil then
-            local raw = '{' .. job_fields(carrier) .. ',' .. string.sub(window[m], 2)
-            redis.call('LSET', trail, m - 1, raw)
-          end
-          break
-        end
-      end
-    end
-  end
-  redis.call('LTRIM', trail, -max_events, -1)
-end
-
-local function record_audit()
-  local n = #ARGV - 1
-  local event = ARGV[n - 8]
-  if event == '' then return end
-  record_run(ARGV[#ARGV])
-  local trail, by_time, id = KEYS[#KEYS - 2], KEYS[#KEYS - 1], ARGV[n - 4]
-  local length = redis.call('RPUSH', trail, shortest(trail, event, ARGV[n - 7]))
-  local max_events = tonumber(ARGV[n - 1])
-  if max_events > 0 and length > max_events then
-    trim(trail, max_events, length)
-  end
-  redis.call('EXPIRE', trail, ARGV[n - 6])
-  redis.call('ZADD', by_time, 'GT', ARGV[n - 5], id)
-  local max_trails = tonumber(ARGV[n])
-  if max_trails > 0 then
-    for _ = 1, 2 do
-      if redis.call('ZCARD', by_time) <= max_trails then break end
-      local oldest = redis.call('ZPOPMIN', by_time)
-      if oldest[1] == id then
-        redis.call('ZADD', by_time, oldest[2], id)
-        break
-      end
-      redis.call('DEL', ARGV[n - 2] .. oldest[1])
-    end
-  end
-  local counts = cjson.decode(ARGV[n - 3])
-  for i = 1, #counts, 2 do
-    redis.call('HINCRBY', KEYS[#KEYS], counts[i], counts[i + 1])
-  end
-end
-"""
-)
-
 #: KEYS: trail, by-time index, counters. ARGV: the audit args (see :data:`AUDIT`).
 _ADD_AUDIT = AUDIT + "record_audit()\nreturn 1\n"
-
-
-#: the fields an event shares with the other events of its job (see :data:`AUDIT`)
-JOB_FIELDS = ("t", "c", "k")
-
-
-def _compact(event: AuditEvent) -> tuple[str, str]:
-    """The JSON a trail keeps for ``event`` (the compact form, no spaces), and the same
-    without its job fields."""
-    data = event.to_compact()
-    short = {name: value for name, value in data.items() if name not in JOB_FIELDS}
-    return _json(data), _json(short)
-
-
-def _json(data: dict[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"))
-
-
-def _events(found: list[str], correlation_id: str) -> list[AuditEvent]:
-    """A trail's events, each without its job fields given those of the nearest earlier
-    event of its job that carries them (list order is write order)."""
-    carried: dict[str, dict[str, Any]] = {}
-    events = []
-    for raw in found:
-        data = json.loads(raw)
-        job = data.get("j")
-        if job is not None and "t" in data:
-            carried[job] = {name: data[name] for name in JOB_FIELDS if name in data}
-        elif job is not None:
-            data = {**carried.get(job, {"t": ""}), **data}
-        events.append(AuditEvent.from_compact(data, correlation_id))
-    return events
 
 
 def _job_of(event: AuditEvent) -> str:
@@ -359,7 +228,8 @@ class RedisRecords(RedisRuns):
         return found[:limit]
 
     def count_dead_letters(self) -> int:
-        return sum(self.client.zcard(keys.dead_letters_index(prefix=p)) for p in self._scopes())
+        indexes = [keys.dead_letters_index(prefix=p) for p in self._scopes()]
+        return sum(int(n) for n in self._each("ZCARD", indexes))
 
     def delete_dead_letter(self, record_id: str) -> bool:
         p = self._scope(record_id)
@@ -422,9 +292,8 @@ class RedisRecords(RedisRuns):
         """Every counter the audit events moved (one ``HGETALL``; on a cluster one per
         partition, summed)."""
         total: dict[tuple[str, str], int] = {}
-        for p in self._scopes():
-            found = cast("dict[str, str]", self.client.hgetall(keys.counts(p)))
-            for name, value in found.items():
+        for found in self._each("HGETALL", [keys.counts(p) for p in self._scopes()]):
+            for name, value in cast("dict[str, str]", found).items():
                 split = counts.split(name)
                 total[split] = total.get(split, 0) + int(value)
         return total

@@ -347,7 +347,7 @@ class RedisRuns(keys.Scoped):
         return found[:limit]
 
     def count_runs(self) -> int:
-        return sum(self.client.zcard(f"{scope}run:all") for scope in self._scopes())
+        return sum(int(n) for n in self._each("ZCARD", [f"{p}run:all" for p in self._scopes()]))
 
     def purge_runs(self, older_than: datetime) -> int:
         """Drops the runs created before ``older_than``, in batches; counts them."""

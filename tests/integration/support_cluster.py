@@ -157,3 +157,10 @@ def _ping(port: int, timeout: float = 10) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError(f"redis-server on {port} did not start")
+
+
+def restart(cluster: Cluster, port: int) -> None:
+    """Start a killed node again from its folder (its ``nodes.conf``): it rejoins as a
+    replica of the master that replaced it, as a supervisor would bring it back."""
+    cluster._start_server(port)
+    _ping(port)
