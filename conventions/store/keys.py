@@ -339,6 +339,13 @@ class Scoped:
         fleet-wide reader visits."""
         return scopes(self.prefix, self.clustered)
 
+    def _share(self, cap: int) -> int:
+        """A fleet-wide cap (trails, runs; 0: none) as each partition keeps it: the cap
+        itself on one node, its 1/:data:`CLUSTER_PARTITIONS` (rounded up) on a cluster,
+        so the fleet keeps about the cap. What is dropped first is the oldest of its
+        partition, not of the whole fleet."""
+        return -(-cap // CLUSTER_PARTITIONS) if self.clustered and cap > 0 else cap
+
     def _each(self, command: str, names: list[str]) -> list[Any]:
         """``command`` on each key of ``names`` (one per partition), in one pipeline (on
         a cluster, one round trip per master): the fleet-wide counts' scatter-gather."""

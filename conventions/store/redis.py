@@ -110,10 +110,7 @@ class RedisStore(RedisRecords, RedisCoordination):
         self.clustered = cluster.is_cluster_client(self.client)
         self.delivery_ttl = delivery_ttl
         self.audit_ttl = audit_ttl
-        # on a cluster each partition keeps its own share of the trails
-        self.audit_max_trails = (
-            -(-audit_max_trails // keys.CLUSTER_PARTITIONS) if self.clustered else audit_max_trails
-        )
+        self.audit_max_trails = self._share(audit_max_trails)  # per partition on a cluster
         self.audit_max_events = audit_max_events
         self.runs_enabled, self.runs_max, self.runs_max_logs = runs_enabled, runs_max, runs_max_logs
         register = self.client.register_script

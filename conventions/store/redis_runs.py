@@ -285,7 +285,7 @@ class RedisRuns(keys.Scoped):
             {
                 **event.run,
                 "pre": f"{scope}run:",
-                "max": self.runs_max,
+                "max": self._share(self.runs_max),
                 "max_logs": self.runs_max_logs,
                 "max_attempts": runs.MAX_ATTEMPTS,
             },
