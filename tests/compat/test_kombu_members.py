@@ -90,6 +90,13 @@ METHODS: dict[tuple[str, str], str | None] = {
         "(connection: 'Connection', queue_type: 'str', prefix: 'str | None' = None) -> 'None'"
     ),
     ("celery.app.task", "get_actual_ignore_result"): "(task, req)",
+    # conventions.config.cluster and conventions.ops.doctor_cluster: a store on Redis
+    # Cluster, its guarded writes sent on the connection of their key's master
+    ("redis.cluster:RedisCluster", "get_node_from_key"): "(self, key, replica=False)",
+    ("redis.cluster:RedisCluster", "get_primaries"): "(self)",
+    ("redis.cluster:RedisCluster", "get_default_node"): "(self)",
+    ("redis.cluster:RedisCluster", "get_random_node"): "(self)",
+    ("redis.cluster:NodesManager", "initialize"): None,
 }
 
 
