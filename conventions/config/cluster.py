@@ -100,7 +100,9 @@ class ReplicatedCluster(RedisCluster):
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         command = str(args[0]).upper()
-        if not self.min_replicas or command not in GUARDED:
+        # a script without keys names no shard (none of the store's is one)
+        keyless = command in ("EVALSHA", "EVAL") and int(args[2]) == 0
+        if not self.min_replicas or command not in GUARDED or keyless:
             return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
         # EVALSHA sha numkeys key...; LPUSH key ...: the first key names the shard
         first = args[3] if command in ("EVALSHA", "EVAL") else args[1]

@@ -255,7 +255,8 @@ class RedisRecords(RedisRuns):
     def add_audit(self, event: AuditEvent) -> None:
         """The same script step as an event that rides with a ledger change (append,
         expiry, index, caps, counters): one round trip."""
-        audit_keys, audit_args = self._audit_parts(event, self._scope(_job_of(event)))
+        job = _job_of(event) if self.clustered else None  # one node: the plain prefix
+        audit_keys, audit_args = self._audit_parts(event, self._scope(job))
         self._add_audit(keys=audit_keys, args=audit_args)
 
     def _audit_parts(self, event: AuditEvent | None, p: str) -> tuple[list[str], list[Any]]:
