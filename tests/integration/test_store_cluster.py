@@ -62,10 +62,12 @@ def test_every_key_of_one_job_hashes_to_one_slot(store: RedisStore) -> None:
 def test_jobs_spread_over_every_master(store: RedisStore, redis_cluster: Any) -> None:
     for i in range(60):
         store.reserve(f"order:{i}", f"job-{i}", 60)
-    holding = {
-        port: redis.Redis(port=port).dbsize() for port in redis_cluster.ports
-    }  # other tests' keys are wiped: what is left is ours
+    holding = {}
+    for port in redis_cluster.ports:
+        with redis.Redis(port=port) as node:
+            holding[port] = sum(1 for _ in node.scan_iter(match=keys.pattern(store.prefix)))
     assert all(count > 0 for count in holding.values()), holding
+    assert sum(holding.values()) == 60  # one key per reservation (no fingerprint given)
 
 
 def test_a_cluster_url_with_a_database_number_is_refused_in_one_line() -> None:
