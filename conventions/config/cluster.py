@@ -21,8 +21,10 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import AskError
+from redis.retry import Retry
 
 from conventions.config.sentinel import (
     GUARDED,
@@ -35,6 +37,8 @@ from conventions.config.sentinel import (
 SCHEMES = ("redis+cluster", "rediss+cluster")
 #: the port of a node named without one
 CLUSTER_PORT = 6379
+#: how many times a call that cannot reach its master is tried in all
+TRIES = 3
 #: how many times a guarded write follows a moved slot before it gives up
 MOVES = 3
 #: the query options of a cluster URL that are the layer's, not redis-py's
@@ -125,13 +129,21 @@ class ReplicatedCluster(RedisCluster):
 
 
 def client_from_url(url: str, *, socket_timeout: float, backend: str = "store") -> RedisCluster:
-    """A decoding cluster client for a ``redis+cluster://`` URL."""
+    """A decoding cluster client for a ``redis+cluster://`` URL. A call that cannot reach
+    its master is tried :data:`TRIES` times in all (each learning the cluster's layout
+    anew: a failover's promoted replica), each try waiting a third of the timeout, so a
+    silent master costs a call about ``socket_timeout`` in all, as on one Redis (redis-py's
+    default, ten tries of the whole timeout each, would hold a ``.delay()`` ten times
+    longer than its publish timeout)."""
     nodes, options, ours = parse(url)
     timeouts = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout}
+    timeouts = {name: value / TRIES for name, value in {**timeouts, **options}.items()
+                if name in timeouts}  # fmt: skip
     client = ReplicatedCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],  # type: ignore[no-untyped-call]
         decode_responses=True,
-        **{**timeouts, **options},
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.25), TRIES - 1),
+        **{**options, **timeouts},
     )
     return client.guard(*replicas_wanted(ours), backend)
 

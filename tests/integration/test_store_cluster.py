@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 
 from conventions import App
+from conventions.config import cluster
 from conventions.errors import BackendUnavailable
 from conventions.ops.doctor import static_checks
 from conventions.results import redis as results
@@ -68,6 +69,20 @@ def test_jobs_spread_over_every_master(store: RedisStore, redis_cluster: Any) ->
             holding[port] = sum(1 for _ in node.scan_iter(match=keys.pattern(store.prefix)))
     assert all(count > 0 for count in holding.values()), holding
     assert sum(holding.values()) == 60  # one key per reservation (no fingerprint given)
+
+
+def test_a_cluster_call_tries_three_times_within_about_its_timeout(
+    redis_cluster: support_cluster.Cluster,
+) -> None:
+    """A silent master holds a call about ``socket_timeout`` in all, not redis-py's ten
+    tries of the whole timeout each."""
+    client = cluster.client_from_url(support_cluster.url(redis_cluster.ports), socket_timeout=6)
+    try:
+        assert client.retry.get_retries() + 1 == cluster.TRIES == 3
+        kwargs = client.nodes_manager.connection_kwargs
+        assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 2
+    finally:
+        client.close()
 
 
 def test_a_cluster_url_with_a_database_number_is_refused_in_one_line() -> None:
