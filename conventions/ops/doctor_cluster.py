@@ -44,8 +44,9 @@ def config_findings(conf: Any) -> Iterator[Finding]:
 
 
 def server_findings(conf: Any) -> Iterator[Finding]:
-    """A master without a replica (its loss loses its slots' jobs), and a node that
-    answers with slots uncovered (``cluster-require-full-coverage no``)."""
+    """A master without a replica (its loss loses its slots' jobs), a node that answers
+    with slots uncovered (``cluster-require-full-coverage no``), and the masters'
+    eviction and persistence (as for a store on one Redis)."""
     url = conf.get("conventions_store_url")
     if not cluster.is_cluster(url):
         return
@@ -56,7 +57,7 @@ def server_findings(conf: Any) -> Iterator[Finding]:
         client = cluster.client_from_url(str(url), socket_timeout=5)
         try:
             nodes = _nodes(client)
-            partial = _partial_coverage(client)
+            settings = _settings(client)
         finally:
             client.close()
     except (redis.RedisError, ValueError) as exc:
@@ -74,6 +75,13 @@ def server_findings(conf: Any) -> Iterator[Finding]:
             "reservations and ledger entries, and the cluster stops answering; give every "
             "master a replica (redis-cli --cluster add-node --cluster-slave)",
         )  # fmt: skip
+    yield from _setting_findings(settings, where)
+
+
+def _setting_findings(settings: dict[str, dict[str, str]], where: str) -> Iterator[Finding]:
+    """The masters' settings that lose jobs: partial coverage, eviction, no persistence
+    (the codes a single Redis store gets for the last two)."""
+    partial = [node for node, found in settings.items() if found.get("coverage") == "no"]
     if partial:
         yield Finding(
             WARNING, "cluster-partial-coverage", where,
@@ -81,6 +89,21 @@ def server_findings(conf: Any) -> Iterator[Finding]:
             "master lost and not failed over, the rest keep answering, so a job of a lost "
             "slot reads an empty ledger and runs again; set cluster-require-full-coverage yes",
         )  # fmt: skip
+    for node, found in sorted(settings.items()):
+        policy = found.get("policy", "noeviction")
+        if policy != "noeviction":
+            yield Finding(
+                ERROR, "redis-eviction", f"redis cluster {node}",
+                f"maxmemory-policy is {policy!r}: a full master silently drops idempotency "
+                "keys and ledger entries; set maxmemory-policy noeviction on every node",
+            )  # fmt: skip
+        if found.get("persistent") == "no":
+            yield Finding(
+                ERROR, "redis-no-persistence", f"redis cluster {node}",
+                "neither AOF nor RDB snapshots are on: a master and its replica restarted "
+                "together lose every idempotency key of their slots; run the nodes with "
+                "--appendonly yes",
+            )  # fmt: skip
 
 
 def _nodes(client: Any) -> dict[str, int]:
@@ -104,12 +127,18 @@ def _nodes(client: Any) -> dict[str, int]:
     return {address: replicas.get(node_id, 0) for node_id, address in masters.items()}
 
 
-def _partial_coverage(client: Any) -> list[str]:
-    """The masters where ``cluster-require-full-coverage`` is ``no``."""
-    found = []
+def _settings(client: Any) -> dict[str, dict[str, str]]:
+    """Each master's ``cluster-require-full-coverage``, ``maxmemory-policy`` and whether
+    it persists (AOF or RDB snapshots); a node that refuses ``CONFIG`` (a managed
+    cluster) is left out."""
+    found: dict[str, dict[str, str]] = {}
     for node in client.get_primaries():
-        with contextlib.suppress(Exception):  # CONFIG refused (a managed cluster): silent
-            setting = node.redis_connection.config_get("cluster-require-full-coverage")
-            if str(setting.get("cluster-require-full-coverage", "yes")).lower() == "no":
-                found.append(f"{node.host}:{node.port}")
+        with contextlib.suppress(Exception):
+            conf = node.redis_connection.config_get("*")
+            persistent = conf.get("appendonly") == "yes" or bool(conf.get("save"))
+            found[f"{node.host}:{node.port}"] = {
+                "coverage": str(conf.get("cluster-require-full-coverage", "yes")).lower(),
+                "policy": str(conf.get("maxmemory-policy", "noeviction")),
+                "persistent": "yes" if persistent else "no",
+            }
     return found

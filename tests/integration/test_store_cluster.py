@@ -140,3 +140,22 @@ def test_the_doctor_names_a_cluster_that_answers_with_slots_missing(
     finally:
         node.config_set("cluster-require-full-coverage", "yes")
         node.close()
+
+
+def test_the_doctor_names_a_cluster_master_that_evicts_keys(
+    redis_cluster: support_cluster.Cluster,
+) -> None:
+    node = redis.Redis(port=redis_cluster.ports[2])
+    node.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        app = App("doctor_cluster_eviction", set_as_current=False)
+        app.conf.update(
+            broker_url="memory://", conventions_workloads={}, conventions_doctor_levels={},
+            conventions_store_url=support_cluster.url(redis_cluster.ports),
+        )  # fmt: skip
+        found = {(f.code, f.subject) for f in static_checks(app)}
+        assert ("redis-eviction", f"redis cluster 127.0.0.1:{redis_cluster.ports[2]}") in found
+        assert not any(code == "redis-no-persistence" for code, _ in found)  # AOF is on
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+        node.close()
