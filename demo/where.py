@@ -89,6 +89,8 @@ def choose(embedded: bool = False) -> Place:
         broker = "redis" if redis else "amqp" if amqp else "embedded"
         if amqp:
             env["CELERY_BROKER_URL"] = given
+        if redis:  # the next steps name it (the processes inherit it anyway)
+            env.setdefault("REDIS_URL", given)
         place = Place(where, env, redis, broker)
         return _lower_persistence_check(place) if redis else place
     dbs = redis_dbs(os.environ.get("DEMO_REDIS_DBS"))

@@ -271,3 +271,15 @@ def spare_store() -> Iterator[Any]:
     app.__dict__["_cc_store"] = previous
     spare.stop()
     store.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A Redis Cluster of three masters on ports 7100-7102 (the store contract's), of
+    this session's own: started once, stopped at the end
+    (:mod:`tests.integration.support_cluster`)."""
+    from tests.integration import support_cluster
+
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        unavailable("redis-server and redis-cli", FileNotFoundError("redis-server"))
+    yield from support_cluster.running(support_cluster.CONTRACT_PORTS)

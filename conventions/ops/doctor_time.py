@@ -19,7 +19,7 @@ from typing import Any
 
 from conventions.config import profile
 from conventions.config import settings as settingslib
-from conventions.ops import doctor_rabbitmq, doctor_sentinel
+from conventions.ops import doctor_cluster, doctor_rabbitmq, doctor_sentinel
 from conventions.ops.findings import ERROR, WARNING, Finding
 from conventions.transport.checks import BOUND_FACTOR, MAX_BOUND, MAX_RECOVERY
 
@@ -86,6 +86,7 @@ def consumer_timeout(conf: Any) -> float:
 def config_findings(conf: Any) -> Iterator[Finding]:
     """The recovery bound on the layer's transport; the countdown bound on kombu's."""
     yield from doctor_sentinel.findings(conf)
+    yield from doctor_cluster.config_findings(conf)
     yield from doctor_rabbitmq.config_findings(conf)
     explicit = conf.get("conventions_max_countdown")
     if layer_transport(conf):

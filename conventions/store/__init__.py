@@ -3,6 +3,7 @@
 ``open_store`` maps a URL scheme to a backend so that settings hold one string::
 
     open_store("redis://localhost:6379/0")                   # RedisStore
+    open_store("redis+cluster://10.0.0.1:7000,10.0.0.2:7000/")  # RedisStore on Redis Cluster
     open_store("postgresql://app@db/app")                    # SQLStore (psycopg 3)
     open_store("sqlite:////var/lib/app/conventions.db")      # SQLStore
 
@@ -16,6 +17,7 @@ import re
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from conventions.config import cluster
 from conventions.store.base import Store
 from conventions.store.redis import RedisStore
 
@@ -24,7 +26,7 @@ __all__ = ["RedisStore", "SQLStore", "Store", "open_store", "resolve_url"]
 #: what a URL scheme looks like (RFC 3986), so that only a scheme is ever repeated
 SCHEME = re.compile(r"^[a-z][a-z0-9+.-]{0,31}$")
 #: URL schemes served by :class:`RedisStore`
-REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "sentinels")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "sentinels", *cluster.SCHEMES)
 #: URL schemes served by :class:`SQLStore`, and what each becomes (psycopg 3 for PostgreSQL)
 SQL_SCHEMES = {
     "sqlite": "sqlite",
@@ -43,6 +45,9 @@ def resolve_url(url: str) -> tuple[Literal["redis", "sql"], str]:
     """
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
+    if sep and scheme in cluster.SCHEMES:
+        cluster.parse(url)  # a database number is refused here, in one line
+        return "redis", url
     if sep and scheme in REDIS_SCHEMES:
         _check_database(url)
         return "redis", url

@@ -25,6 +25,14 @@ Layout (``{p}`` is the prefix)::
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
 
+On Redis Cluster (:func:`scope`) every name above gets a hash tag after the prefix,
+``{p}{<tag>}:ledger:{key}``: one of :data:`CLUSTER_PARTITIONS` tags, chosen by the job's
+idempotency key (a record's id, a lease's name), so that one job's reservation, ledger
+entry, delivery counter, run record and audit events share one slot and one script
+moves them. The fleet-wide indexes (``dl:all``, ``audit:by-time``, ``run:all``,
+``counts``) exist once per partition and are read by scatter-gather. On one Redis node
+the names are exactly the ones above (no tag).
+
 Idempotency keys themselves are namespaced by task here too (:func:`namespaced`): the
 store keeps ``payments.apply_event:payment-event:evt_1``, never the bare key a template
 renders, so two tasks whose templates render the same string never share a reservation
@@ -41,6 +49,15 @@ import re
 from typing import Any, Final
 
 from conventions.errors import PayloadError
+
+#: how many hash-tag partitions a store on Redis Cluster spreads its keys over (fixed: a
+#: job's keys are found by its partition, so changing it would lose them). 64 spreads
+#: evenly over up to 64 masters and bounds a fleet-wide listing at 64 reads
+CLUSTER_PARTITIONS: Final = 64
+#: Redis Cluster's slot count
+_SLOTS: Final = 16384
+#: a trailing ``:<n>`` of a lease name (the slots of one concurrency limit)
+_SLOT_NUMBER = re.compile(r":[0-9]+$")
 
 #: the prefix of every key when none is configured
 DEFAULT_PREFIX: Final = "cc:"
@@ -233,3 +250,106 @@ def conflicting(held: str | None, given: str | None) -> bool:
     if not held or not given or held == given:
         return False
     return held.partition(":")[0] == given.partition(":")[0]
+
+
+def crc16(data: bytes) -> int:
+    """CRC16-XMODEM, the checksum Redis Cluster maps a key to its slot with."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def _partition_tags(count: int) -> tuple[str, ...]:
+    """``count`` short hash tags whose slots are evenly spaced (the i-th in the i-th
+    ``1/count`` of the slot space): a cluster whose masters hold contiguous equal slot
+    ranges (``redis-cli --cluster create``) gets an equal share of them each."""
+    tags: list[str | None] = [None] * count
+    missing, n = count, 0
+    while missing:
+        candidate = format(n, "x")
+        bucket = (crc16(candidate.encode()) % _SLOTS) * count // _SLOTS
+        if tags[bucket] is None:
+            tags[bucket], missing = candidate, missing - 1
+        n += 1
+    return tuple(tag for tag in tags if tag is not None)
+
+
+#: the hash tags of the partitions, in slot order
+PARTITION_TAGS: Final = _partition_tags(CLUSTER_PARTITIONS)
+
+
+def partition(source: str) -> int:
+    """The partition of a job's (or record's, or lease's) keys: from its idempotency key
+    (namespaced, :func:`namespaced`), a record's id or a lease's name."""
+    digest = hashlib.blake2b(source.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") % CLUSTER_PARTITIONS
+
+
+def scope(prefix: str, source: str | None, clustered: bool) -> str:
+    """The prefix of the keys of ``source`` (see :func:`partition`): ``prefix`` itself on
+    one Redis node (the names never change there), and ``prefix{<tag>}:`` on Redis
+    Cluster, so that every key of one job hashes to one slot. The one naming function
+    both stores use."""
+    if not clustered:
+        return prefix
+    return tagged(prefix, partition(source or ""))
+
+
+def tagged(prefix: str, index: int) -> str:
+    """The prefix of partition ``index`` on Redis Cluster."""
+    return f"{prefix}{{{PARTITION_TAGS[index]}}}:"
+
+
+def scopes(prefix: str, clustered: bool) -> list[str]:
+    """Every partition's prefix (one, ``prefix``, on one Redis node): what a fleet-wide
+    listing reads."""
+    if not clustered:
+        return [prefix]
+    return [tagged(prefix, index) for index in range(CLUSTER_PARTITIONS)]
+
+
+def lease_source(name: str) -> str:
+    """What a lease's partition is chosen by: its name without a trailing ``:<n>``, so
+    the slots of one concurrency limit (``limit:<name>:<n>``) share a slot and one script
+    takes the first free one (:meth:`acquire_any`)."""
+    return _SLOT_NUMBER.sub("", name)
+
+
+class Scoped:
+    """The key naming of a Redis store part: its prefix, whether it is on a cluster, and
+    the prefix of a job's keys (:func:`scope`) or of every partition (:func:`scopes`)."""
+
+    #: the store's client (a ``redis.Redis``, or a ``redis.RedisCluster``)
+    client: Any
+    prefix: str
+    #: on Redis Cluster: every job's keys carry its partition's hash tag
+    clustered: bool = False
+
+    def _scope(self, source: str | None) -> str:
+        """The prefix of the keys of ``source`` (a job's key, a record's id, a name): the
+        plain prefix on one node, the partition's tagged one on a cluster."""
+        return scope(self.prefix, source, self.clustered)
+
+    def _scopes(self) -> list[str]:
+        """Every partition's prefix (the one plain prefix on one node): what a
+        fleet-wide reader visits."""
+        return scopes(self.prefix, self.clustered)
+
+    def _share(self, cap: int) -> int:
+        """A fleet-wide cap (trails, runs; 0: none) as each partition keeps it: the cap
+        itself on one node, its 1/:data:`CLUSTER_PARTITIONS` (rounded up) on a cluster,
+        so the fleet keeps about the cap. What is dropped first is the oldest of its
+        partition, not of the whole fleet."""
+        return -(-cap // CLUSTER_PARTITIONS) if self.clustered and cap > 0 else cap
+
+    def _each(self, command: str, names: list[str]) -> list[Any]:
+        """``command`` on each key of ``names`` (one per partition), in one pipeline (on
+        a cluster, one round trip per master): the fleet-wide counts' scatter-gather."""
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.execute_command(command, name)
+        return list(pipe.execute())

@@ -9,9 +9,14 @@ its ledger entry vanish and the next claim takes over. Key names are in
 
 The store is one class in three parts: this module holds the dedup and ledger calls
 (their scripts in :mod:`conventions.store.redis_scripts`),
-:mod:`conventions.store.redis_records` the dead letters and audit trails (and why the
-store targets one Redis node, not Redis Cluster), and
+:mod:`conventions.store.redis_records` the dead letters and audit trails, and
 :mod:`conventions.store.redis_coordination` the leases, token buckets and state records.
+
+The same class serves Redis Cluster (``redis+cluster://``, :mod:`conventions.config.cluster`):
+there every key of one job carries its partition's hash tag (:func:`keys.scope`), so each
+script runs on the one shard that holds them all, and the fleet-wide readers (listings,
+counts, purges) visit every partition (:func:`keys.scopes`). On one Redis node both
+answer the plain prefix: the same names, the same single round trip.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, cast
 
 import redis
 
-from conventions.config import sentinel
+from conventions.config import cluster, sentinel
 from conventions.config.profile import PUBLISH_TIMEOUT
 from conventions.config.settings import (
     AUDIT_MAX_EVENTS,
@@ -54,12 +59,14 @@ SOCKET_TIMEOUT = PUBLISH_TIMEOUT
 
 
 def database_of(client: redis.Redis) -> int:
-    """The database number a redis-py client selects."""
-    return int(client.connection_pool.connection_kwargs.get("db") or 0)
+    """The database number a redis-py client selects (0 on a cluster: it has one)."""
+    pool = getattr(client, "connection_pool", None)
+    return int(pool.connection_kwargs.get("db") or 0) if pool is not None else 0
 
 
 class RedisStore(RedisRecords, RedisCoordination):
-    """The :class:`~conventions.store.base.Store` contract on one Redis node.
+    """The :class:`~conventions.store.base.Store` contract on one Redis node (or a
+    replicated primary), or on Redis Cluster.
 
     Thread-safe: the client's connection pool hands each call its own connection. A
     client passed in is used as is (it must use ``decode_responses=True``) and is left
@@ -81,7 +88,13 @@ class RedisStore(RedisRecords, RedisCoordination):
         runs_max_logs: int = RUNS_MAX_LOGS,
         socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
-        if isinstance(client_or_url, str):
+        if isinstance(client_or_url, str) and cluster.is_cluster(client_or_url):
+            # redis+cluster://host:port,host:port/?min_replicas=: WAIT per shard
+            # (typed as a Redis client: the store calls only what both answer)
+            made = cluster.client_from_url(client_or_url, socket_timeout=socket_timeout)
+            self.client = cast(redis.Redis, made)
+            self._owns_client = True
+        elif isinstance(client_or_url, str):
             # redis://, or sentinel://...;...?master_name= (the group's primary, followed
             # across failovers); ?min_replicas=&replica_wait_ms= make every script and
             # push wait for replicas in its round trip (conventions.config.sentinel)
@@ -93,9 +106,11 @@ class RedisStore(RedisRecords, RedisCoordination):
             self.client = client_or_url
             self._owns_client = False
         self.prefix = prefix
+        #: on Redis Cluster: every job's keys carry its partition's hash tag
+        self.clustered = cluster.is_cluster_client(self.client)
         self.delivery_ttl = delivery_ttl
         self.audit_ttl = audit_ttl
-        self.audit_max_trails = audit_max_trails
+        self.audit_max_trails = self._share(audit_max_trails)  # per partition on a cluster
         self.audit_max_events = audit_max_events
         self.runs_enabled, self.runs_max, self.runs_max_logs = runs_enabled, runs_max, runs_max_logs
         register = self.client.register_script
@@ -123,9 +138,10 @@ class RedisStore(RedisRecords, RedisCoordination):
         fingerprint: str | None = None,
     ) -> Holder | None:
         """One script: atomic, answers the holder, records ``audit`` when it reserved."""
-        audit_keys, audit_args = self._audit_parts(audit)
+        p = self._scope(key)
+        audit_keys, audit_args = self._audit_parts(audit, p)
         held = self._reserve(
-            keys=[keys.dedup(key, self.prefix), keys.dedup_print(key, self.prefix), *audit_keys],
+            keys=[keys.dedup(key, p), keys.dedup_print(key, p), *audit_keys],
             args=[job_id, "" if ttl is None else _ms(ttl), fingerprint or "", *audit_args],
         )
         return _holder(held)
@@ -145,9 +161,10 @@ class RedisStore(RedisRecords, RedisCoordination):
         (a client of the same server, any database): the holder when ``key`` is taken by
         another job (nothing is pushed), else None. ``key=None``: no reservation, the
         audit event and the push only."""
-        audit_keys, audit_args = self._audit_parts(audit)
-        dedup = keys.dedup(key, self.prefix) if key is not None else queue_list
-        printed = keys.dedup_print(key, self.prefix) if key is not None else queue_list
+        p = self._scope(key)
+        audit_keys, audit_args = self._audit_parts(audit, p)
+        dedup = keys.dedup(key, p) if key is not None else queue_list
+        printed = keys.dedup_print(key, p) if key is not None else queue_list
         held = self._reserve_push(
             keys=[dedup, queue_list, printed, *audit_keys],
             args=[
@@ -164,13 +181,19 @@ class RedisStore(RedisRecords, RedisCoordination):
         return database_of(self.client)
 
     def server(self) -> tuple[str, int]:
-        """Which Redis server the store talks to: ``(host, port)``."""
+        """Which Redis server the store talks to: ``(host, port)`` (on a cluster, one
+        of its nodes)."""
+        if self.clustered:
+            return cluster.first_node(cast(Any, self.client))
         kwargs = self.client.connection_pool.connection_kwargs
         return str(kwargs.get("host") or kwargs.get("path")), int(kwargs.get("port") or 0)
 
     def shares_server(self, host: str | None, port: int | None) -> bool:
         """Whether a client of ``host:port`` talks to the store's Redis server (any
         database; ``localhost`` is the loopback address)."""
+
+        if self.clustered:  # keys of several shards: nothing rides another's script
+            return False
 
         def loopback(name: str | None) -> str:
             return "127.0.0.1" if name in (None, "", "localhost") else str(name)
@@ -179,13 +202,13 @@ class RedisStore(RedisRecords, RedisCoordination):
         return (loopback(host), int(port or 0)) == (loopback(name), own_port)
 
     def unreserve(self, key: str, job_id: str) -> None:
-        self._unreserve(
-            keys=[keys.dedup(key, self.prefix), keys.dedup_print(key, self.prefix)], args=[job_id]
-        )
+        p = self._scope(key)
+        self._unreserve(keys=[keys.dedup(key, p), keys.dedup_print(key, p)], args=[job_id])
 
     def key_state(self, key: str) -> KeyState:
         pipe = self.client.pipeline(transaction=True)
-        dedup, ledger = keys.dedup(key, self.prefix), keys.ledger(key, self.prefix)
+        p = self._scope(key)
+        dedup, ledger = keys.dedup(key, p), keys.ledger(key, p)
         pipe.get(dedup)
         pipe.pttl(dedup)
         pipe.hmget(ledger, "state", "owner", "outcome")
@@ -194,14 +217,10 @@ class RedisStore(RedisRecords, RedisCoordination):
         return _key_state(key, [holder, reserved_ms, *entry, entry_ms])
 
     def clear_key(self, key: str, *, audit: AuditEvent | None = None) -> KeyState:
-        audit_keys, audit_args = self._audit_parts(audit)
+        p = self._scope(key)
+        audit_keys, audit_args = self._audit_parts(audit, p)
         found = self._clear_key(
-            keys=[
-                keys.dedup(key, self.prefix),
-                keys.ledger(key, self.prefix),
-                keys.dedup_print(key, self.prefix),
-                *audit_keys,
-            ],
+            keys=[keys.dedup(key, p), keys.ledger(key, p), keys.dedup_print(key, p), *audit_keys],
             args=audit_args,
         )
         return _key_state(key, list(found))
@@ -218,15 +237,16 @@ class RedisStore(RedisRecords, RedisCoordination):
         result: ResultWrite | None = None,
     ) -> Claim:
         """``result``: Celery's STARTED write, sent in the same script."""
-        audit_keys, audit_args = self._audit_parts(audit)
+        p = self._scope(key)
+        audit_keys, audit_args = self._audit_parts(audit, p)
         script, keys_, args = self._riding(self._claim, self._claim_with_result, result)
         status, holder, outcome, count, *printed = cast(
             "list[Any]",
             script(
                 keys=[
                     *keys_,
-                    keys.ledger(key, self.prefix),
-                    keys.deliveries(delivery_id, self.prefix),
+                    keys.ledger(key, p),
+                    keys.deliveries(delivery_id, p),
                     *audit_keys,
                 ],
                 args=[*args, owner, _ms(lease), _ms(self.delivery_ttl), *audit_args],
@@ -238,7 +258,7 @@ class RedisStore(RedisRecords, RedisCoordination):
         )  # fmt: skip
 
     def renew(self, key: str, owner: str, lease: float) -> bool:
-        renewed = self._renew(keys=[keys.ledger(key, self.prefix)], args=[owner, _ms(lease)])
+        renewed = self._renew(keys=[keys.ledger(key, self._scope(key))], args=[owner, _ms(lease)])
         return bool(renewed)
 
     def complete(
@@ -254,7 +274,7 @@ class RedisStore(RedisRecords, RedisCoordination):
         fingerprint: str | None = None,
     ) -> None:
         """``result``: Celery's SUCCESS write, sent in the same script."""
-        audit_keys, audit_args = self._audit_parts(audit)
+        audit_keys, audit_args = self._audit_parts(audit, self._scope(key))
         script, keys_, args = self._riding(self._complete, self._complete_with_result, result)
         script(
             keys=[*keys_, *self._key_pair(key), *audit_keys],
@@ -271,7 +291,7 @@ class RedisStore(RedisRecords, RedisCoordination):
 
     def _key_pair(self, key: str) -> list[str]:
         """The ledger entry, the reservation and its fingerprint of ``key``."""
-        p = self.prefix
+        p = self._scope(key)
         return [keys.ledger(key, p), keys.dedup(key, p), keys.dedup_print(key, p)]
 
     def _riding(

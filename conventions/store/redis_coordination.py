@@ -122,12 +122,19 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-class RedisCoordination:
+class RedisCoordination(keys.Scoped):
     """Leases, token buckets and small state records: the methods of
     :class:`~conventions.store.redis.RedisStore` that coordinate workers."""
 
     client: redis.Redis
     prefix: str
+
+    def _lease(self, name: str) -> str:
+        """The key of lease ``name`` (the slots of one limit share a partition)."""
+        return keys.lease(name, self._scope(keys.lease_source(name)))
+
+    def _state(self, name: str) -> str:
+        return keys.state(name, self._scope(name))
 
     def _register_coordination(self) -> None:
         """Register this part's scripts (run by ``EVALSHA``)."""
@@ -141,23 +148,28 @@ class RedisCoordination:
 
     # -- leases ---------------------------------------------------------------------------
     def acquire(self, name: str, owner: str, ttl: float) -> str | None:
-        holder = self._acquire(keys=[keys.lease(name, self.prefix)], args=[owner, _ms(ttl)])
+        holder = self._acquire(keys=[self._lease(name)], args=[owner, _ms(ttl)])
         return None if not holder else cast(str, holder)
 
     def renew_lease(self, name: str, owner: str, ttl: float) -> bool:
-        return bool(self._renew_lease(keys=[keys.lease(name, self.prefix)], args=[owner, _ms(ttl)]))
+        return bool(
+            self._renew_lease(
+                keys=[self._lease(name)],
+                args=[owner, _ms(ttl)],
+            )
+        )
 
     def release_lease(self, name: str, owner: str) -> bool:
-        return bool(self._release_lease(keys=[keys.lease(name, self.prefix)], args=[owner]))
+        return bool(self._release_lease(keys=[self._lease(name)], args=[owner]))
 
     def lease_holder(self, name: str) -> str | None:
-        return cast(str | None, self.client.get(keys.lease(name, self.prefix)))
+        return cast(str | None, self.client.get(self._lease(name)))
 
     def acquire_any(self, names: Sequence[str], owner: str, ttl: float) -> str | None:
         """One script tries every lease in order: one round trip however many slots."""
         if not names:
             return None
-        leases = [keys.lease(name, self.prefix) for name in names]
+        leases = [self._lease(name) for name in names]
         index = int(cast(int, self._acquire_any(keys=leases, args=[owner, _ms(ttl)])))
         return names[index - 1] if index else None
 
@@ -166,22 +178,22 @@ class RedisCoordination:
         self, name: str, interval: float, burst: int, max_wait: float, booked: bool
     ) -> float:
         wait = self._take_token(
-            keys=[keys.bucket(name, self.prefix)],
+            keys=[keys.bucket(name, self._scope(name))],
             args=[repr(float(interval)), int(burst), repr(float(max_wait)), int(booked)],
         )
         return max(0.0, float(cast(str, wait)))
 
     def pause_tokens(self, name: str, seconds: float) -> None:
-        self._pause_tokens(keys=[keys.bucket(name, self.prefix)], args=[repr(float(seconds))])
+        self._pause_tokens(keys=[keys.bucket(name, self._scope(name))], args=[repr(float(seconds))])
 
     # -- small state records ------------------------------------------------------------
     def put_state(self, name: str, value: Mapping[str, Any], ttl: float | None) -> None:
         data = json.dumps(dict(value), separators=(",", ":"), default=str)
-        self.client.set(keys.state(name, self.prefix), data, px=None if ttl is None else _ms(ttl))
+        self.client.set(self._state(name), data, px=None if ttl is None else _ms(ttl))
 
     def get_state(self, name: str) -> dict[str, Any] | None:
-        data = self.client.get(keys.state(name, self.prefix))
+        data = self.client.get(self._state(name))
         return None if data is None else cast(dict[str, Any], json.loads(data))
 
     def delete_state(self, name: str) -> None:
-        self.client.delete(keys.state(name, self.prefix))
+        self.client.delete(self._state(name))

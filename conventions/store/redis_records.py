@@ -11,10 +11,13 @@ size is bounded, not only its age: each event is kept in the compact form
 keeps its newest :data:`AUDIT_MAX_EVENTS` events, and beyond :data:`AUDIT_MAX_TRAILS`
 trails the ones idle longest are dropped as new ones come.
 
-The dead-letter and audit scripts build some key names at run time (the indexes a record
-was in, the records of a purge batch), so this store targets one Redis node (or a
-replicated primary), not Redis Cluster. :class:`RedisRecords` is a part of
-:class:`~conventions.store.redis.RedisStore`, not a store on its own.
+Some scripts build key names at run time from a prefix they are given (the indexes a
+record was in, the records of a purge batch or a listing, the oldest trail beyond the
+cap): on Redis Cluster that prefix carries the partition's hash tag, so every name a
+script builds hashes to the slot of the keys it declares, and runs on that shard. The
+fleet-wide readers (listings, counts, counters, purges, a correlation's trail) visit
+each partition (:meth:`_scopes`: one on one node) and merge. :class:`RedisRecords` is a
+part of :class:`~conventions.store.redis.RedisStore`, not a store on its own.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from redis.commands.core import Script
 
 from conventions.store import counts, keys
 from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
-from conventions.store.redis_runs import RUN, RedisRuns
+from conventions.store.redis_audit import AUDIT, _compact, _events
+from conventions.store.redis_runs import RedisRuns
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
 _DROP_RECORD = """
@@ -126,140 +130,16 @@ PURGE_BATCH = 500
 #: 1,603 and about 1,700); ``tests/integration/test_audit_bounds.py`` holds it to a budget
 AUDIT_BYTES_PER_JOB = 900
 
-#: Appends an audit event in the same script as the state change it records, and moves
-#: its counters (:mod:`conventions.store.counts`). Every script that uses it takes the audit
-#: trail, the by-time index and the counters hash as its last three KEYS and (event JSON
-#: or '', the same without its job fields or '', trail ttl s, score, correlation id,
-#: counter fields JSON [field, n, ...], trail key prefix, max events per trail, max
-#: trails, and the event's run change or '': :data:`~conventions.store.redis_runs.RUN`)
-#: as its last ten ARGV.
-#:
-#: The job fields (task, causation, idempotency key) are kept once per job and trail: an
-#: event whose nearest earlier event of the same task id (among the last 16) carries the
-#: same ones is kept without them, and the reader fills them in. The two caps bound the
-#: trail's size (0: no cap). A trail longer than max events keeps its newest ones (the
-#: first event that leaned on a dropped one gets its job fields back); beyond max trails,
-#: the trails idle longest are dropped, at most two per event (a lowered cap is reached
-#: gradually, and one event never runs long).
-AUDIT = (
-    RUN
-    + """
-local function same_job(raw, task_id)
-  if not string.find(raw, task_id, 1, true) then return nil end
-  local ok, other = pcall(cjson.decode, raw)
-  if ok and type(other) == 'table' and other.j == task_id then return other end
-  return nil
-end
-
-local function shortest(trail, full, short)
-  if short == '' then return full end
-  local new = cjson.decode(full)
-  local recent = redis.call('LRANGE', trail, -16, -1)
-  for i = #recent, 1, -1 do
-    local other = same_job(recent[i], new.j)
-    if other and other.t ~= nil then
-      if other.t == new.t and other.c == new.c and other.k == new.k then return short end
-      return full
-    end
-  end
-  return full
-end
-
-local function job_fields(carrier)
-  local fields = '"t":' .. cjson.encode(carrier.t)
-  if carrier.c ~= nil then fields = fields .. ',"c":' .. cjson.encode(carrier.c) end
-  if carrier.k ~= nil then fields = fields .. ',"k":' .. cjson.encode(carrier.k) end
-  return fields
-end
-
-local function trim(trail, max_events, length)
-  local drop = length - max_events
-  local window = redis.call('LRANGE', trail, 0, drop + 15)
-  for i = 1, drop do
-    local ok, carrier = pcall(cjson.decode, window[i])
-    if ok and type(carrier) == 'table' and carrier.j ~= nil and carrier.t ~= nil then
-      for m = drop + 1, #window do
-        local other = same_job(window[m], carrier.j)
-        if other then
-          if other.t == nil then
-            local raw = '{' .. job_fields(carrier) .. ',' .. string.sub(window[m], 2)
-            redis.call('LSET', trail, m - 1, raw)
-          end
-          break
-        end
-      end
-    end
-  end
-  redis.call('LTRIM', trail, -max_events, -1)
-end
-
-local function record_audit()
-  local n = #ARGV - 1
-  local event = ARGV[n - 8]
-  if event == '' then return end
-  record_run(ARGV[#ARGV])
-  local trail, by_time, id = KEYS[#KEYS - 2], KEYS[#KEYS - 1], ARGV[n - 4]
-  local length = redis.call('RPUSH', trail, shortest(trail, event, ARGV[n - 7]))
-  local max_events = tonumber(ARGV[n - 1])
-  if max_events > 0 and length > max_events then
-    trim(trail, max_events, length)
-  end
-  redis.call('EXPIRE', trail, ARGV[n - 6])
-  redis.call('ZADD', by_time, 'GT', ARGV[n - 5], id)
-  local max_trails = tonumber(ARGV[n])
-  if max_trails > 0 then
-    for _ = 1, 2 do
-      if redis.call('ZCARD', by_time) <= max_trails then break end
-      local oldest = redis.call('ZPOPMIN', by_time)
-      if oldest[1] == id then
-        redis.call('ZADD', by_time, oldest[2], id)
-        break
-      end
-      redis.call('DEL', ARGV[n - 2] .. oldest[1])
-    end
-  end
-  local counts = cjson.decode(ARGV[n - 3])
-  for i = 1, #counts, 2 do
-    redis.call('HINCRBY', KEYS[#KEYS], counts[i], counts[i + 1])
-  end
-end
-"""
-)
-
 #: KEYS: trail, by-time index, counters. ARGV: the audit args (see :data:`AUDIT`).
 _ADD_AUDIT = AUDIT + "record_audit()\nreturn 1\n"
 
 
-#: the fields an event shares with the other events of its job (see :data:`AUDIT`)
-JOB_FIELDS = ("t", "c", "k")
-
-
-def _compact(event: AuditEvent) -> tuple[str, str]:
-    """The JSON a trail keeps for ``event`` (the compact form, no spaces), and the same
-    without its job fields."""
-    data = event.to_compact()
-    short = {name: value for name, value in data.items() if name not in JOB_FIELDS}
-    return _json(data), _json(short)
-
-
-def _json(data: dict[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"))
-
-
-def _events(found: list[str], correlation_id: str) -> list[AuditEvent]:
-    """A trail's events, each without its job fields given those of the nearest earlier
-    event of its job that carries them (list order is write order)."""
-    carried: dict[str, dict[str, Any]] = {}
-    events = []
-    for raw in found:
-        data = json.loads(raw)
-        job = data.get("j")
-        if job is not None and "t" in data:
-            carried[job] = {name: data[name] for name in JOB_FIELDS if name in data}
-        elif job is not None:
-            data = {**carried.get(job, {"t": ""}), **data}
-        events.append(AuditEvent.from_compact(data, correlation_id))
-    return events
+def _job_of(event: AuditEvent) -> str:
+    """What an event's partition is chosen by on a cluster: its job's namespaced key, as
+    the ledger's (its task id when it has none)."""
+    if event.idempotency_key:
+        return keys.namespaced(event.task, event.idempotency_key)
+    return event.task_id
 
 
 def _score(moment: datetime) -> str:
@@ -294,9 +174,10 @@ class RedisRecords(RedisRuns):
 
     # -- dead letters -------------------------------------------------------------------
     def put_dead_letter(self, record: DeadLetter) -> None:
-        indexes = keys.dead_letter_indexes(record.task, str(record.category), self.prefix)
+        p = self._scope(record.id)
+        indexes = keys.dead_letter_indexes(record.task, str(record.category), p)
         self._put_dead_letter(
-            keys=[keys.dead_letter(record.id, self.prefix), *indexes],
+            keys=[keys.dead_letter(record.id, p), *indexes],
             args=[
                 record.id,
                 json.dumps(record.to_dict()),
@@ -306,11 +187,11 @@ class RedisRecords(RedisRuns):
         )
 
     def get_dead_letter(self, record_id: str) -> DeadLetter | None:
-        data = self.client.hget(keys.dead_letter(record_id, self.prefix), "data")
+        data = self.client.hget(keys.dead_letter(record_id, self._scope(record_id)), "data")
         return None if data is None else DeadLetter.from_dict(json.loads(cast(str, data)))
 
     def swap_replayed_at(self, record_id: str, seen: datetime | None, at: datetime | None) -> bool:
-        record = keys.dead_letter(record_id, self.prefix)
+        record = keys.dead_letter(record_id, self._scope(record_id))
         for _ in range(SWAP_TRIES):  # the record may change meanwhile (a new failure)
             raw = cast("str | None", self.client.hget(record, "data")) or ""
             data = replayed_copy(raw, seen, at) if raw else None
@@ -327,83 +208,102 @@ class RedisRecords(RedisRuns):
         since: datetime | None = None,
         limit: int = 100,
     ) -> list[DeadLetter]:
-        """One script: the matching index, newest first, then those records only."""
+        """One script: the matching index, newest first, then those records only (on a
+        cluster, one per partition, merged)."""
         if limit <= 0:
             return []
-        index = keys.dead_letters_index(
-            task=task, category=None if category is None else str(category), prefix=self.prefix
-        )
-        found = self._list_dead_letters(
-            keys=[index],
-            args=[
-                keys.dead_letter("", self.prefix),
-                "-inf" if since is None else _score(since),
-                limit,
-            ],
-        )
-        return [DeadLetter.from_dict(json.loads(data)) for data in cast("list[str]", found)]
+        found: list[DeadLetter] = []
+        for p in self._scopes():
+            index = keys.dead_letters_index(
+                task=task, category=None if category is None else str(category), prefix=p
+            )
+            part = self._list_dead_letters(
+                keys=[index],
+                args=[keys.dead_letter("", p), "-inf" if since is None else _score(since), limit],
+            )
+            found += [DeadLetter.from_dict(json.loads(data)) for data in cast("list[str]", part)]
+        if not self.clustered:
+            return found
+        found.sort(key=lambda record: (record.last_failed_at, record.id), reverse=True)
+        return found[:limit]
 
     def count_dead_letters(self) -> int:
-        return self.client.zcard(keys.dead_letters_index(prefix=self.prefix))
+        indexes = [keys.dead_letters_index(prefix=p) for p in self._scopes()]
+        return sum(int(n) for n in self._each("ZCARD", indexes))
 
     def delete_dead_letter(self, record_id: str) -> bool:
+        p = self._scope(record_id)
         removed = self._delete_dead_letter(
-            keys=[
-                keys.dead_letters_index(prefix=self.prefix),
-                keys.dead_letter(record_id, self.prefix),
-            ],
+            keys=[keys.dead_letters_index(prefix=p), keys.dead_letter(record_id, p)],
             args=[record_id],
         )
         return bool(removed)
 
     def purge_dead_letters(self, older_than: datetime) -> int:
         """Batches of :data:`PURGE_BATCH` records, oldest first, each batch atomic."""
-        return self._purge(
-            self._purge_dead_letters,
-            keys.dead_letters_index(prefix=self.prefix),
-            keys.dead_letter("", self.prefix),
-            older_than,
+        return sum(
+            self._purge(
+                self._purge_dead_letters,
+                keys.dead_letters_index(prefix=p),
+                keys.dead_letter("", p),
+                older_than,
+            )
+            for p in self._scopes()
         )
 
     # -- audit trail --------------------------------------------------------------------
     def add_audit(self, event: AuditEvent) -> None:
         """The same script step as an event that rides with a ledger change (append,
         expiry, index, caps, counters): one round trip."""
-        audit_keys, audit_args = self._audit_parts(event)
+        job = _job_of(event) if self.clustered else None  # one node: the plain prefix
+        audit_keys, audit_args = self._audit_parts(event, self._scope(job))
         self._add_audit(keys=audit_keys, args=audit_args)
 
-    def _audit_parts(self, event: AuditEvent | None) -> tuple[list[str], list[Any]]:
-        """The trailing KEYS and ARGV of a script that records ``event`` (or nothing)."""
-        by_time, counted = keys.audit_by_time(self.prefix), keys.counts(self.prefix)
+    def _audit_parts(self, event: AuditEvent | None, p: str) -> tuple[list[str], list[Any]]:
+        """The trailing KEYS and ARGV of a script that records ``event`` (or nothing),
+        under the prefix ``p`` of the job's keys (:meth:`_scope`)."""
+        by_time, counted = keys.audit_by_time(p), keys.counts(p)
         if event is None:
             return [by_time, by_time, counted], ["", "", 1, 0, "", "[]", "", 0, 0, ""]
-        trail = keys.audit(event.correlation_id, self.prefix)
+        trail = keys.audit(event.correlation_id, p)
         ttl = max(1, math.ceil(self.audit_ttl))
         moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
         return [trail, by_time, counted], [
             *_compact(event), ttl, _score(event.at), event.correlation_id, moved,
-            keys.audit("", self.prefix), self.audit_max_events, self.audit_max_trails,
-            self._run_arg(event),
+            keys.audit("", p), self.audit_max_events, self.audit_max_trails,
+            self._run_arg(event, p),
         ]  # fmt: skip
 
     def audit_for(self, correlation_id: str) -> list[AuditEvent]:
-        """The trail in event time order (append order among equal times)."""
-        found = self.client.lrange(keys.audit(correlation_id, self.prefix), 0, -1)
-        events = _events(cast("list[str]", found), correlation_id)
+        """The trail in event time order (append order among equal times). On a
+        cluster a correlation's jobs may sit in several partitions: one ``LRANGE`` per
+        partition, pipelined by node (a job's events are all in one)."""
+        scopes = self._scopes()
+        if len(scopes) == 1:
+            found = [self.client.lrange(keys.audit(correlation_id, scopes[0]), 0, -1)]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for p in scopes:
+                pipe.lrange(keys.audit(correlation_id, p), 0, -1)
+            found = pipe.execute()
+        events = [e for part in found for e in _events(cast("list[str]", part), correlation_id)]
         return sorted(events, key=lambda event: event.at)
 
     def counters(self) -> dict[tuple[str, str], int]:
-        """Every counter the audit events moved (one ``HGETALL``)."""
-        found = cast("dict[str, str]", self.client.hgetall(keys.counts(self.prefix)))
-        return {counts.split(name): int(value) for name, value in found.items()}
+        """Every counter the audit events moved (one ``HGETALL``; on a cluster one per
+        partition, summed)."""
+        total: dict[tuple[str, str], int] = {}
+        for found in self._each("HGETALL", [keys.counts(p) for p in self._scopes()]):
+            for name, value in cast("dict[str, str]", found).items():
+                split = counts.split(name)
+                total[split] = total.get(split, 0) + int(value)
+        return total
 
     def purge_audit(self, older_than: datetime) -> int:
         """Drops whole trails whose last event is before ``older_than``; counts events."""
-        return self._purge(
-            self._purge_audit,
-            keys.audit_by_time(self.prefix),
-            keys.audit("", self.prefix),
-            older_than,
+        return sum(
+            self._purge(self._purge_audit, keys.audit_by_time(p), keys.audit("", p), older_than)
+            for p in self._scopes()
         )
 
     def _purge(self, script: Script, index: str, key_prefix: str, older_than: datetime) -> int:

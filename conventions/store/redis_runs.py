@@ -24,7 +24,7 @@ from typing import cast
 
 import redis
 
-from conventions.store import runs
+from conventions.store import keys, runs
 from conventions.store.records import AuditEvent
 from conventions.store.runs import Run
 
@@ -242,11 +242,12 @@ end
 return out
 """
 
-#: KEYS: none. ARGV: run prefix, max score (exclusive form), batch. Returns {seen, dropped}.
+#: KEYS: the time index (``run:all``). ARGV: run prefix, max score (exclusive form),
+#: batch. Returns {seen, dropped}.
 _PURGE_RUNS = (
     RUN
     + """
-local ids = redis.call('ZRANGEBYSCORE', ARGV[1] .. 'all', '-inf', ARGV[2], 'LIMIT', 0, ARGV[3])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, ARGV[3])
 local removed = 0
 for _, id in ipairs(ids) do removed = removed + drop_run(ARGV[1], id) end
 return {#ids, removed}
@@ -260,12 +261,11 @@ def _score(moment: datetime | None, default: str) -> str:
     return repr(runs.posix(moment if moment.tzinfo else moment.replace(tzinfo=UTC)))
 
 
-class RedisRuns:
+class RedisRuns(keys.Scoped):
     """Run records: the methods of :class:`~conventions.store.redis.RedisStore` that
     read them (writes ride the audit scripts, :meth:`_run_arg`)."""
 
     client: redis.Redis
-    prefix: str
     #: record run history at all
     runs_enabled: bool
     #: the most runs kept (0: no cap), and log lines per run
@@ -277,19 +277,15 @@ class RedisRuns:
         self._list_runs = register(_LIST_RUNS)
         self._purge_runs = register(_PURGE_RUNS)
 
-    @property
-    def _run_prefix(self) -> str:
-        return f"{self.prefix}run:"
-
-    def _run_arg(self, event: AuditEvent | None) -> str:
+    def _run_arg(self, event: AuditEvent | None, scope: str) -> str:
         """The audit scripts' last ARGV: ``event``'s run change for :data:`RUN`, or ''."""
         if event is None or event.run is None or not self.runs_enabled:
             return ""
         return json.dumps(
             {
                 **event.run,
-                "pre": self._run_prefix,
-                "max": self.runs_max,
+                "pre": f"{scope}run:",
+                "max": self._share(self.runs_max),
                 "max_logs": self.runs_max_logs,
                 "max_attempts": runs.MAX_ATTEMPTS,
             },
@@ -297,8 +293,17 @@ class RedisRuns:
         )
 
     def get_run(self, task_id: str) -> Run | None:
-        data = self.client.get(f"{self._run_prefix}rec:{task_id}")
-        return None if data is None else Run.from_doc(json.loads(cast(str, data)))
+        """One ``GET`` on one node; on a cluster the record's partition follows its job's
+        key, unknown here: one ``GET`` per partition, pipelined by node."""
+        scopes = self._scopes()
+        if len(scopes) == 1:
+            data = self.client.get(f"{scopes[0]}run:rec:{task_id}")
+            return None if data is None else Run.from_doc(json.loads(cast(str, data)))
+        pipe = self.client.pipeline(transaction=False)
+        for scope in scopes:
+            pipe.get(f"{scope}run:rec:{task_id}")
+        found = [Run.from_doc(json.loads(data)) for data in pipe.execute() if data]
+        return max(found, key=lambda run: run.updated_at, default=None)
 
     def list_runs(
         self,
@@ -316,38 +321,47 @@ class RedisRuns:
         given = {name: value for name, value in filters.items() if value is not None}
         if limit <= 0:
             return []
-        index, rest, lex = f"{self._run_prefix}all", dict(given), ""
+        index, rest, lex = "all", dict(given), ""
         for name in ("key", "correlation_id"):
             if name in rest:
-                index, lex = f"{self._run_prefix}lex:{name}", f"{rest.pop(name)}\0"
+                index, lex = f"lex:{name}", f"{rest.pop(name)}\0"
                 break
         else:
             for name in ("task", "queue", "state"):
                 if name in rest and rest[name] not in UNINDEXED_STATES:
-                    index = f"{self._run_prefix}ix:{name}:{rest.pop(name)}"
+                    index = f"ix:{name}:{rest.pop(name)}"
                     break
-        found = self._list_runs(
-            keys=[index],
-            args=[
-                f"{self._run_prefix}rec:", _score(since, "-inf"), _score(until, "+inf"),
-                limit, json.dumps(rest) if rest else "{}", MAX_SCAN, lex,
-            ],
-        )  # fmt: skip
-        return [Run.from_doc(json.loads(data)) for data in cast("list[str]", found)]
+        found: list[Run] = []
+        for scope in self._scopes():  # one on one node; each partition on a cluster
+            part = self._list_runs(
+                keys=[f"{scope}run:{index}"],
+                args=[
+                    f"{scope}run:rec:", _score(since, "-inf"), _score(until, "+inf"),
+                    limit, json.dumps(rest) if rest else "{}", MAX_SCAN, lex,
+                ],
+            )  # fmt: skip
+            found += [Run.from_doc(json.loads(data)) for data in cast("list[str]", part)]
+        if not self.clustered:
+            return found
+        found.sort(key=lambda run: (run.created_at, run.id), reverse=True)
+        return found[:limit]
 
     def count_runs(self) -> int:
-        return self.client.zcard(f"{self._run_prefix}all")
+        return sum(int(n) for n in self._each("ZCARD", [f"{p}run:all" for p in self._scopes()]))
 
     def purge_runs(self, older_than: datetime) -> int:
         """Drops the runs created before ``older_than``, in batches; counts them."""
         removed = 0
-        while True:
-            seen, dropped = cast(
-                "list[int]",
-                self._purge_runs(
-                    keys=[], args=[self._run_prefix, f"({_score(older_than, '')}", 500]
-                ),
-            )
-            removed += int(dropped)
-            if int(seen) < 500:
-                return removed
+        for scope in self._scopes():
+            while True:
+                seen, dropped = cast(
+                    "list[int]",
+                    self._purge_runs(
+                        keys=[f"{scope}run:all"],
+                        args=[f"{scope}run:", f"({_score(older_than, '')}", 500],
+                    ),
+                )
+                removed += int(dropped)
+                if int(seen) < 500:
+                    break
+        return removed

@@ -9,7 +9,7 @@ Key names are in :mod:`conventions.store.keys`.
 
 from __future__ import annotations
 
-from conventions.store.redis_records import AUDIT
+from conventions.store.redis_audit import AUDIT
 
 #: Defines ``take_reservation(print_key, fingerprint)``: the dedup key KEYS[1] for job
 #: ARGV[1] (ttl ms ARGV[2], or '' for none), its payload fingerprint in ``print_key``

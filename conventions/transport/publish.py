@@ -57,6 +57,10 @@ from conventions.transport import redis as broker
 UNREACHABLE: tuple[type[BaseException], ...] = (
     OperationalError, redis.ConnectionError, redis.TimeoutError, ConnectionError,
     TimeoutError, socket.gaierror,
+    # a store on Redis Cluster during a failover: CLUSTERDOWN, TRYAGAIN, a slot no node
+    # serves yet, or redis-py's retries used up
+    redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
 )  # fmt: skip
 
 

@@ -107,6 +107,13 @@ METHODS: dict[tuple[str, str], str | None] = {
     ("celery.worker.consumer.consumer:Consumer", "connection_for_read"): "(self, heartbeat=None)",
     ("celery.worker.consumer.consumer:Consumer", "ensure_connected"): "(self, conn)",
     ("celery.app.base:Celery", "connection_for_read"): "(self, url=None, **kwargs)",
+    # conventions.config.cluster and conventions.ops.doctor_cluster: a store on Redis
+    # Cluster, its guarded writes sent on the connection of their key's master
+    ("redis.cluster:RedisCluster", "get_node_from_key"): "(self, key, replica=False)",
+    ("redis.cluster:RedisCluster", "get_primaries"): "(self)",
+    ("redis.cluster:RedisCluster", "get_default_node"): "(self)",
+    ("redis.cluster:RedisCluster", "get_random_node"): "(self)",
+    ("redis.cluster:NodesManager", "initialize"): None,
 }
 
 

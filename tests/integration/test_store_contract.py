@@ -1,12 +1,13 @@
-"""The store contract, run against real Redis, PostgreSQL and SQLite.
+"""The store contract, run against real Redis, Redis Cluster, PostgreSQL and SQLite.
 
-One suite, three backends: every test runs once per backend, so the backends cannot drift
-apart. Each run gets its own isolated storage (a random Redis key prefix, random
-PostgreSQL table names, a new SQLite file), emptied after every test and removed at the
-end. Leases are fractions
-of a second so that expiry is real and the file stays fast. Override the services with
-``TEST_REDIS_URL`` and ``TEST_POSTGRES_URL``; a service that does not answer is skipped
-on a laptop and fails in CI.
+One suite, four backends (the cluster: three masters of the session's own,
+``redis_cluster`` in ``tests/fixtures.py``): every test runs once per backend, so the
+backends cannot drift apart. Each run gets its own isolated storage (a random Redis key
+prefix, random PostgreSQL table names, a new SQLite file), emptied after every test and
+removed at the end. Leases are fractions of a second so that expiry is real and the
+file stays fast. Override the services with ``TEST_REDIS_URL`` and
+``TEST_POSTGRES_URL``; a service that does not answer is skipped on a laptop and fails
+in CI.
 """
 
 from __future__ import annotations
@@ -76,6 +77,21 @@ def redis_backend() -> Iterator[RedisStore]:
 
 
 @pytest.fixture(scope="module")
+def cluster_backend(redis_cluster: Any) -> Iterator[RedisStore]:
+    """The Redis store on a three-master Redis Cluster, opened from its URL."""
+    from tests.integration import support_cluster
+
+    store = RedisStore(
+        support_cluster.url(redis_cluster.ports), prefix=f"cc-test-{uuid.uuid4().hex}:"
+    )
+    try:
+        yield store
+    finally:
+        _wipe_redis(store)
+        store.close()
+
+
+@pytest.fixture(scope="module")
 def postgresql_backend() -> Iterator[SQLStore]:
     engine = make_engine(POSTGRES_URL)
     try:
@@ -104,7 +120,7 @@ def sqlite_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLStor
 
 def _wipe_redis(store: RedisStore) -> None:
     for key in store.client.scan_iter(match=keys.pattern(store.prefix), count=1000):
-        store.client.delete(key)
+        store.client.delete(key)  # on a cluster, SCAN visits every master
 
 
 def _wipe_sql(store: SQLStore) -> None:
@@ -113,7 +129,7 @@ def _wipe_sql(store: SQLStore) -> None:
             conn.execute(table.delete())
 
 
-@pytest.fixture(params=["redis", "postgresql", "sqlite"])
+@pytest.fixture(params=["redis", "cluster", "postgresql", "sqlite"])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     """An empty store on each backend, wiped again after the test."""
     backend = request.getfixturevalue(f"{request.param}_backend")

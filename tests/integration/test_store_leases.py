@@ -15,6 +15,7 @@ from tests.integration.test_store_contract import (  # noqa: F401  (fixtures)
     LONG,
     PAST_LEASE,
     at_once,
+    cluster_backend,
     postgresql_backend,
     redis_backend,
     sqlite_backend,

@@ -11,6 +11,7 @@ from conventions.store import Store
 from tests.integration.test_store_contract import (  # noqa: F401  (fixtures)
     LONG,
     at_once,
+    cluster_backend,
     postgresql_backend,
     redis_backend,
     sqlite_backend,
