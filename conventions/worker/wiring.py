@@ -6,7 +6,8 @@ connection at import. An app connects its receivers when it is created
 references to a :class:`Wiring` the app holds, so they go with the app. Each receiver
 returns at once for a sender of another app:
 
-- a publish (``before_task_publish``): the task name is registered in this app;
+- a publish (``before_task_publish``, ``after_task_publish``): the task name is
+  registered in this app;
 - a run (``task_prerun``, ``task_postrun``, ``task_revoked``): ``task.app`` is this app;
 - a worker or beat start (``worker_init``, ``worker_ready``, ``worker_shutdown``,
   ``beat_init``): the sender's app is this app, which then *owns the process*;
@@ -56,6 +57,7 @@ class Wiring:
         uid = f"conventions:{id(self.app)}:"
         for signal, receiver in (
             (signals.before_task_publish, self.before_publish),
+            (signals.after_task_publish, self.after_publish),
             (signals.task_prerun, self.prerun),
             (signals.task_postrun, self.postrun),
             (signals.task_revoked, self.revoked),
@@ -85,9 +87,17 @@ class Wiring:
         logs.install()
 
     # -- publish and run ---------------------------------------------------------------
-    def before_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
+    def before_publish(
+        self, sender: Any = None, headers: Any = None, routing_key: Any = None, **_: Any
+    ) -> None:
         if isinstance(sender, str) and sender in self.app._tasks:
-            handlers.on_before_publish(headers=headers)
+            handlers.on_before_publish(
+                headers=headers, task=self.app._tasks[sender], routing_key=routing_key
+            )
+
+    def after_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
+        if isinstance(sender, str) and sender in self.app._tasks:
+            handlers.on_after_publish(headers=headers, task=self.app._tasks[sender])
 
     def prerun(self, sender: Any = None, task_id: Any = None, task: Any = None, **_: Any) -> None:
         if self._mine(task):

@@ -1,5 +1,6 @@
 """The kombu and Celery members the layer relies on beyond their public API still exist,
-with the signatures it calls them with.
+with the signatures it calls them with (and the members of
+``opentelemetry-instrumentation-celery`` whose spans ``conventions.tracing.otel`` annotates).
 
 ``conventions.transport.redis`` subclasses kombu's Redis channel and overrides or calls private
 members; ``conventions.results.redis`` overrides a private method of Celery's Redis backend.
@@ -90,6 +91,14 @@ METHODS: dict[tuple[str, str], str | None] = {
         "(connection: 'Connection', queue_type: 'str', prefix: 'str | None' = None) -> 'None'"
     ),
     ("celery.app.task", "get_actual_ignore_result"): "(task, req)",
+    # conventions.tracing.otel: the spans of opentelemetry-instrumentation-celery it
+    # annotates instead of opening its own
+    ("opentelemetry.instrumentation.celery.utils", "retrieve_context"): (
+        "(task: 'Task | None', task_id: 'str', is_publish: 'bool' = False) "
+        "-> 'ContextTuple | None'"
+    ),
+    ("opentelemetry.instrumentation.celery:CeleryInstrumentor",
+     "is_instrumented_by_opentelemetry"): None,
 }
 
 
