@@ -37,16 +37,14 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, Statu
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from conventions.tracing import headers as hdr
+from conventions.tracing import spans
 from conventions.tracing.logs import version_of
 from conventions.tracing.scrubbing import scrub_text
 
-#: the instrumentation whose spans the layer annotates instead of opening its own
-INSTRUMENTATION = "opentelemetry.instrumentation.celery"
 #: the name of the layer's tracer (its instrumentation scope)
 SCOPE = "celery-conventions"
 
 _W3C = TraceContextTextMapPropagator()
-_override: list[Any] = []
 _tracers: dict[int, tuple[Any, trace.Tracer]] = {}
 #: the layer's publish span while a convention task publishes (the hook annotates it)
 _publishing: ContextVar[Span | None] = ContextVar("conventions_publish_span", default=None)
@@ -67,27 +65,10 @@ class _RequestGetter(Getter[Any]):
 _REQUEST = _RequestGetter()
 
 
-def use(provider: Any) -> None:
-    """The tracer provider of the layer's spans (None: the global one)."""
-    _override[:] = [] if provider is None else [provider]
-
-
-def enabled() -> bool:
-    """Whether this process traces: a provider given or set, or the instrumentation on."""
-    if _override or instrumented():
-        return True
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-
-
-def instrumented() -> bool:
-    """Whether ``opentelemetry-instrumentation-celery`` is instrumenting (never imports it)."""
-    module = sys.modules.get(INSTRUMENTATION)
-    return module is not None and bool(module.CeleryInstrumentor().is_instrumented_by_opentelemetry)
-
-
 def tracer() -> trace.Tracer:
-    provider = _override[0] if _override else trace.get_tracer_provider()
+    """The layer's tracer, of the provider given to ``spans.use`` or the global one."""
+    given = spans.given()
+    provider = given if given is not None else trace.get_tracer_provider()
     cached = _tracers.get(id(provider))
     if cached is None or cached[0] is not provider:
         cached = _tracers[id(provider)] = (provider, provider.get_tracer(SCOPE))
@@ -96,7 +77,7 @@ def tracer() -> trace.Tracer:
 
 def _theirs(task: Any, task_id: Any, publish: bool) -> Span | None:
     """The instrumentation's open span of this publish or run, if it has one."""
-    utils = sys.modules.get(f"{INSTRUMENTATION}.utils")
+    utils = sys.modules.get(f"{spans.INSTRUMENTATION}.utils")
     if utils is None or task is None or not isinstance(task_id, str):
         return None
     found = utils.retrieve_context(task, task_id, is_publish=publish)
@@ -137,7 +118,7 @@ def _describe(exc: BaseException) -> str:
 def publishing(task: Any) -> Iterator[Callable[[Any], None]]:
     """The publish span around a convention task's ``apply_async``; yields what notes
     its result (a deduplicated publish enqueued nothing)."""
-    if instrumented():
+    if spans.instrumented():
         yield lambda result: None
         return
     span = tracer().start_span(
@@ -173,7 +154,7 @@ def _name_publish(span: Span, headers: Mapping[str, Any], queue: Any) -> None:
 def before_publish(task: Any, headers: dict[str, Any], queue: Any = None) -> None:
     """Name the message on its publish span and write the current context into its
     headers (the instrumentation writes its own when it is on)."""
-    if instrumented():
+    if spans.instrumented():
         theirs = _theirs(task, headers.get("id"), True)
         if theirs is not None:  # its hook ran first
             _name_publish(theirs, headers, queue)
@@ -187,7 +168,7 @@ def before_publish(task: Any, headers: dict[str, Any], queue: Any = None) -> Non
 def after_publish(task: Any, headers: Mapping[str, Any]) -> None:
     """The instrumentation's publish span, when its hook runs after ours: named now,
     before its own after-publish hook ends it."""
-    if instrumented():
+    if spans.instrumented():
         theirs = _theirs(task, headers.get("id"), True)
         if theirs is not None:
             _name_publish(theirs, headers, None)
@@ -200,7 +181,7 @@ def running(delivery: Any) -> Iterator[None]:
     task, request, headers = delivery.task, delivery.request, delivery.headers
     first = span_context(headers.get(hdr.FIRST_SPAN)) if delivery.attempt > 1 else None
     links = [Link(first, {"conventions.link": "first_attempt"})] if first else []
-    if instrumented():
+    if spans.instrumented():
         span = _theirs(task, request.id, False)
         if span is None:
             yield

@@ -5,9 +5,9 @@ Every publish and every run asks :func:`active`. The spans themselves are in
 They are on in a process that has imported OpenTelemetry's API and set a tracer
 provider (``trace.set_tracer_provider``: what ``opentelemetry-instrument`` and every SDK
 setup do), or gave the layer one (:func:`use`), or instruments Celery with
-``opentelemetry-instrumentation-celery``. Elsewhere a publish or a run pays one
-dictionary look-up (the API not imported) or one check of the global provider (imported,
-as FastAPI does, but nothing set up).
+``opentelemetry-instrumentation-celery``. Elsewhere a publish or a run pays a dictionary
+look-up or two, and nothing is imported: not even where the API is imported but unused,
+as redis-py and FastAPI import it wherever it is installed.
 """
 
 from __future__ import annotations
@@ -19,18 +19,48 @@ from typing import Any
 from conventions.config import extras
 
 #: the module whose presence says OpenTelemetry may be in use in this process
-_API = "opentelemetry.trace"
+API = "opentelemetry.trace"
+#: the instrumentation whose spans the layer annotates instead of opening its own
+INSTRUMENTATION = "opentelemetry.instrumentation.celery"
+
 #: the spans module, once loaded
 _loaded: list[ModuleType] = []
+#: the tracer provider given to :func:`use`
+_given: list[Any] = []
+#: the instrumentor (one per process: ``BaseInstrumentor`` is a singleton), once imported
+_instrumentor: list[Any] = []
 
 
 def active() -> ModuleType | None:
-    """:mod:`conventions.tracing.otel` when this process traces, else None (never
-    imports OpenTelemetry)."""
-    if _API not in sys.modules:
+    """:mod:`conventions.tracing.otel` when this process traces, else None."""
+    api = sys.modules.get(API)
+    if api is None:
         return None
-    module = _loaded[0] if _loaded else load()
-    return module if module.enabled() else None
+    if _given or _provider_set(api) or instrumented():
+        return _loaded[0] if _loaded else load()
+    return None
+
+
+def _provider_set(api: ModuleType) -> bool:
+    """Whether a global tracer provider is set. Read as it is: ``get_tracer_provider()``
+    reads the environment on each call while none is set (a microsecond a publish)."""
+    provider = getattr(api, "_TRACER_PROVIDER", None)
+    return provider is not None and type(provider).__name__ != "NoOpTracerProvider"
+
+
+def instrumented() -> bool:
+    """Whether ``opentelemetry-instrumentation-celery`` is instrumenting (never imports it)."""
+    if not _instrumentor:
+        module = sys.modules.get(INSTRUMENTATION)
+        if module is None:
+            return False
+        _instrumentor.append(module.CeleryInstrumentor())
+    return bool(_instrumentor[0].is_instrumented_by_opentelemetry)
+
+
+def given() -> Any:
+    """The tracer provider given to :func:`use`, or None (the global one)."""
+    return _given[0] if _given else None
 
 
 def load() -> ModuleType:
@@ -44,4 +74,5 @@ def use(tracer_provider: Any) -> None:
     """Send the layer's spans to ``tracer_provider`` (an SDK ``TracerProvider``) instead of
     the global one, as ``CeleryInstrumentor().instrument(tracer_provider=...)`` does for
     its own; ``None`` goes back to the global provider."""
-    load().use(tracer_provider)
+    load()  # MissingExtra here, at set-up, rather than at the first publish
+    _given[:] = [] if tracer_provider is None else [tracer_provider]

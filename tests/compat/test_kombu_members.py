@@ -99,6 +99,9 @@ METHODS: dict[tuple[str, str], str | None] = {
     ),
     ("opentelemetry.instrumentation.celery:CeleryInstrumentor",
      "is_instrumented_by_opentelemetry"): None,
+    # read on every publish and run instead of get_tracer_provider() (which reads the
+    # environment each time while no provider is set)
+    ("opentelemetry.trace", "_TRACER_PROVIDER"): None,
 }
 
 

@@ -11,6 +11,7 @@ once per process and would reach every later test.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,8 +24,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from conventions.ops.replay import replay
+from conventions.schedules import beat
 from conventions.tracing import spans
 from tasks import app
+from tests.acceptance import support_schedules
 from tests.integration.helpers import wait_for
 from tests.integration.support_otel import attr, in_trace, otel_declined, otel_parent, tree
 from tests.integration.support_tracing import flaky_fanout
@@ -32,6 +35,7 @@ from tests.integration.support_tracing import flaky_fanout
 pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
 
 FANOUT = "testing.flaky_fanout.v1"
+TICK = support_schedules.TWO_BEATS[0]  # tick, every minute, testing.sched_tick.v1
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +145,22 @@ def test_a_replay_starts_a_trace_linked_to_the_run_that_was_dead_lettered(
     )  # fmt: skip
     assert attr(root, "dead_letter.id") == record_id and attr(root, "actor") == "ops"
     assert attr(rerun, "idempotency_key") == attr(dead, "idempotency_key")
+
+
+def test_a_beat_occurrence_is_a_trace_of_its_own_holding_its_publish_and_run(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(app.conf, "conventions_schedule", support_schedules.TWO_BEATS)
+    occurrence = TICK.occurrence(dt.datetime(2026, 12, 2, 5, 0, tzinfo=dt.UTC))
+    sent = beat.send(app, TICK, occurrence)
+    assert sent is not None
+    [run] = runs_until(exporter, sent.id, lambda r: attr(r[-1], "decision") == "succeeded")
+    root = parent_of(parent_of(run, exporter), exporter)
+
+    assert root.name == "beat tick" and root.parent is None and root.links == ()
+    assert attr(root, "schedule") == "tick"
+    assert attr(root, "occurrence") == occurrence.at.isoformat()
+    assert attr(run, "idempotency_key") == occurrence.key
 
 
 def test_beside_the_celery_instrumentation_each_publish_and_run_has_one_span_with_our_attributes(
