@@ -156,7 +156,7 @@ def before_publish(task: Any, headers: dict[str, Any], queue: Any = None) -> Non
     headers (the instrumentation writes its own when it is on)."""
     if spans.instrumented():
         theirs = _theirs(task, headers.get("id"), True)
-        if theirs is not None:  # its hook ran first
+        if theirs is not None:  # its hook ran before ours (else: ``after_publish``)
             _name_publish(theirs, headers, queue)
         return
     span = _publishing.get()
@@ -165,13 +165,14 @@ def before_publish(task: Any, headers: dict[str, Any], queue: Any = None) -> Non
     propagate.inject(headers)
 
 
-def after_publish(task: Any, headers: Mapping[str, Any]) -> None:
+def after_publish(task: Any, headers: Mapping[str, Any], queue: Any = None) -> None:
     """The instrumentation's publish span, when its hook runs after ours: named now,
-    before its own after-publish hook ends it."""
+    before its own after-publish hook ends it (the receivers of a signal run in the order
+    they were connected, the same for both)."""
     if spans.instrumented():
         theirs = _theirs(task, headers.get("id"), True)
         if theirs is not None:
-            _name_publish(theirs, headers, None)
+            _name_publish(theirs, headers, queue)
 
 
 # -- run --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ as redis-py and FastAPI import it wherever it is installed.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from types import ModuleType
 from typing import Any
@@ -27,6 +28,8 @@ INSTRUMENTATION = "opentelemetry.instrumentation.celery"
 _loaded: list[ModuleType] = []
 #: the tracer provider given to :func:`use`
 _given: list[Any] = []
+#: whether the instrumentation is installed, once looked up
+_installed: list[bool] = []
 #: the instrumentor (one per process: ``BaseInstrumentor`` is a singleton), once imported
 _instrumentor: list[Any] = []
 
@@ -56,6 +59,19 @@ def instrumented() -> bool:
             return False
         _instrumentor.append(module.CeleryInstrumentor())
     return bool(_instrumentor[0].is_instrumented_by_opentelemetry)
+
+
+def instrumentation_installed() -> bool:
+    """Whether ``opentelemetry-instrumentation-celery`` is installed (looked up once per
+    process, without importing it): an app connects its ``after_task_publish`` receiver
+    only then."""
+    if not _installed:
+        try:
+            found = importlib.util.find_spec(INSTRUMENTATION) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a broken one
+            found = False
+        _installed.append(found)
+    return _installed[0]
 
 
 def given() -> Any:

@@ -6,8 +6,9 @@
   cause; outside any context (beat, a script) each publish starts a new story. Flower
   renders no custom headers, so the correlation id is also appended to the display-only
   kwargs repr of every publish: a first publish, a retry, a deferral, a replay, a child.
-- ``after_task_publish``: only where this process traces, to name the message on the
-  publish span of ``opentelemetry-instrumentation-celery``.
+- ``after_task_publish``: only where ``opentelemetry-instrumentation-celery`` is installed,
+  to name the message on its publish span (an always-connected receiver would cost every
+  publish a few microseconds for nothing).
 - ``task_prerun`` / ``task_postrun``: bind the job for logs (:mod:`conventions.tracing.logs`),
   Sentry tags and child publishes, for every task. A message from a foreign producer
   without our headers gets its correlation id here, at receipt.
@@ -52,11 +53,13 @@ def on_before_publish(
         traces.before_publish(task, headers, routing_key)
 
 
-def on_after_publish(headers: dict[str, Any] | None = None, task: Any = None, **_: Any) -> None:
-    """Name the message on the instrumentation's publish span when its hook runs after
-    ours (``opentelemetry-instrumentation-celery``; nothing otherwise)."""
+def on_after_publish(
+    headers: dict[str, Any] | None = None, task: Any = None, routing_key: Any = None, **_: Any
+) -> None:
+    """Name the message on the publish span of ``opentelemetry-instrumentation-celery``
+    when its hook runs after ours (connected only where it is installed)."""
     if headers is not None and (traces := spans.active()) is not None:
-        traces.after_publish(task, headers)
+        traces.after_publish(task, headers, routing_key)
 
 
 def kwargs_shown(kwargs: dict[str, Any], headers: dict[str, Any]) -> str:

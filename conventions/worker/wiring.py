@@ -6,8 +6,9 @@ connection at import. An app connects its receivers when it is created
 references to a :class:`Wiring` the app holds, so they go with the app. Each receiver
 returns at once for a sender of another app:
 
-- a publish (``before_task_publish``, ``after_task_publish``): the task name is
-  registered in this app;
+- a publish (``before_task_publish``; ``after_task_publish`` only where
+  ``opentelemetry-instrumentation-celery`` is installed): the task name is registered
+  in this app;
 - a run (``task_prerun``, ``task_postrun``, ``task_revoked``): ``task.app`` is this app;
 - a worker or beat start (``worker_init``, ``worker_ready``, ``worker_shutdown``,
   ``beat_init``): the sender's app is this app, which then *owns the process*;
@@ -30,7 +31,7 @@ from conventions.config import settings
 from conventions.errors import ConfigurationError
 from conventions.observability import alerts
 from conventions.ops import pauses, retention
-from conventions.tracing import logs
+from conventions.tracing import logs, spans
 from conventions.transport import amqp_queues
 from conventions.worker import lifecycle, poison_queue, reservations
 from conventions.worker import signals as handlers
@@ -57,7 +58,6 @@ class Wiring:
         uid = f"conventions:{id(self.app)}:"
         for signal, receiver in (
             (signals.before_task_publish, self.before_publish),
-            (signals.after_task_publish, self.after_publish),
             (signals.task_prerun, self.prerun),
             (signals.task_postrun, self.postrun),
             (signals.task_revoked, self.revoked),
@@ -71,6 +71,10 @@ class Wiring:
             (signals.after_setup_task_logger, self.setup_logger),
         ):
             signal.connect(receiver, weak=True, dispatch_uid=uid + receiver.__name__)
+        if spans.instrumentation_installed():
+            signals.after_task_publish.connect(
+                self.after_publish, weak=True, dispatch_uid=uid + "after_publish"
+            )
 
     # -- whose is it -------------------------------------------------------------------
     def _runs_here(self) -> bool:
@@ -95,9 +99,13 @@ class Wiring:
                 headers=headers, task=self.app._tasks[sender], routing_key=routing_key
             )
 
-    def after_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
+    def after_publish(
+        self, sender: Any = None, headers: Any = None, routing_key: Any = None, **_: Any
+    ) -> None:
         if isinstance(sender, str) and sender in self.app._tasks:
-            handlers.on_after_publish(headers=headers, task=self.app._tasks[sender])
+            handlers.on_after_publish(
+                headers=headers, task=self.app._tasks[sender], routing_key=routing_key
+            )
 
     def prerun(self, sender: Any = None, task_id: Any = None, task: Any = None, **_: Any) -> None:
         if self._mine(task):
