@@ -28,6 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 KOMBU_REDIS, KOMBU_VIRTUAL = "kombu.transport.redis", "kombu.transport.virtual"
 CELERY_REDIS = "celery.backends.redis:RedisBackend"
 DELAYS = "kombu.transport.native_delayed_delivery"
+OTEL_CELERY = "opentelemetry.instrumentation.celery"
+RETRIEVE_CONTEXT = (
+    "(task: 'Task | None', task_id: 'str', is_publish: 'bool' = False) -> 'ContextTuple | None'"
+)
 
 #: (owner as "module:qualname", member) -> the signature relied on, or None for a value
 METHODS: dict[tuple[str, str], str | None] = {
@@ -93,12 +97,8 @@ METHODS: dict[tuple[str, str], str | None] = {
     ("celery.app.task", "get_actual_ignore_result"): "(task, req)",
     # conventions.tracing.otel: the spans of opentelemetry-instrumentation-celery it
     # annotates instead of opening its own
-    ("opentelemetry.instrumentation.celery.utils", "retrieve_context"): (
-        "(task: 'Task | None', task_id: 'str', is_publish: 'bool' = False) "
-        "-> 'ContextTuple | None'"
-    ),
-    ("opentelemetry.instrumentation.celery:CeleryInstrumentor",
-     "is_instrumented_by_opentelemetry"): None,
+    (f"{OTEL_CELERY}.utils", "retrieve_context"): RETRIEVE_CONTEXT,
+    (f"{OTEL_CELERY}:CeleryInstrumentor", "is_instrumented_by_opentelemetry"): None,
     # read on every publish and run instead of get_tracer_provider() (which reads the
     # environment each time while no provider is set)
     ("opentelemetry.trace", "_TRACER_PROVIDER"): None,
