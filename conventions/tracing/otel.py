@@ -223,7 +223,8 @@ def _decided(span: Span, delivery: Any, exc: BaseException | None) -> None:
     key = delivery.headers.get(hdr.IDEMPOTENCY_KEY) if delivery.key else None
     span.set_attributes(_attributes(
         task=delivery.task.name, version=version_of(delivery.task.name), attempt=delivery.attempt,
-        idempotency_key=key, decision=decision, **{
+        idempotency_key=key, decision=decision,
+        correlation_id=delivery.headers.get(hdr.CORRELATION), **{
             "dead_letter.category": delivery.category, "dead_letter.id": delivery.dead_letter_id,
         },
     ))  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from conventions import Id, JobContext, Payload, PermanentError
+from conventions import Backoff, Id, JobContext, Payload, PermanentError, TransientError
 from tasks import app
 from tests.integration.support_jobs import echo
 
@@ -31,6 +31,17 @@ def otel_declined(payload: Order, ctx: JobContext) -> str:
     if ctx.replay_of is None:
         raise PermanentError(f"card declined for {payload.order_id}")
     return "charged"
+
+
+@app.job(
+    "testing.otel_flaky_decline.v1", payload=Order, key="otel-flaky:{order_id}",
+    workload="email", backoff=Backoff(base=0.2, cap=1.0, max_attempts=5),
+)  # fmt: skip
+def otel_flaky_decline(payload: Order, ctx: JobContext) -> None:
+    """Fails transiently on its first attempt, and for good on its second."""
+    if ctx.attempt == 1:
+        raise TransientError("provider busy")
+    raise PermanentError(f"card declined for {payload.order_id}")
 
 
 #: the attributes the tree shows, in this order

@@ -29,7 +29,14 @@ from conventions.tracing import spans
 from tasks import app
 from tests.acceptance import support_schedules
 from tests.integration.helpers import wait_for
-from tests.integration.support_otel import attr, in_trace, otel_declined, otel_parent, tree
+from tests.integration.support_otel import (
+    attr,
+    in_trace,
+    otel_declined,
+    otel_flaky_decline,
+    otel_parent,
+    tree,
+)
 from tests.integration.support_tracing import flaky_fanout
 
 pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
@@ -163,6 +170,29 @@ def test_a_beat_occurrence_is_a_trace_of_its_own_holding_its_publish_and_run(
     assert attr(run, "idempotency_key") == occurrence.key
 
 
+def test_a_worker_without_a_tracer_carries_the_traceparent_through_a_retry(
+    provider: TracerProvider,
+) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    spans.use(None)  # no provider given, none set: this process traces nothing
+    try:
+        assert spans.active() is None
+        job = otel_flaky_decline.apply_async(
+            kwargs={"order_id": f"ord_{uuid.uuid4().hex[:8]}"},
+            headers={"traceparent": traceparent},
+        )
+
+        def dead_letter() -> Any:
+            found = app.store.list_dead_letters(task=otel_flaky_decline.name, limit=10)
+            return next((r for r in found if r.task_id == job.id), None)
+
+        record = wait_for(dead_letter, timeout=30)
+    finally:
+        spans.use(provider)
+    assert record.attempts == 2
+    assert record.headers["traceparent"] == traceparent  # the second attempt's message
+
+
 def test_beside_the_celery_instrumentation_each_publish_and_run_has_one_span_with_our_attributes(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
@@ -184,6 +214,7 @@ def test_beside_the_celery_instrumentation_each_publish_and_run_has_one_span_wit
     assert [s.name for s in runs] == [f"run/{FANOUT}"] * 3
     assert [attr(s, "attempt") for s in publishes] == [1, 2, 3]
     assert [attr(r, "decision") for r in runs] == ["retry", "retry", "succeeded"]
+    assert len({attr(s, "correlation_id") for s in [*publishes, *runs]}) == 1
     assert {attr(s, "idempotency_key") for s in [*publishes, *runs]} == {
         attr(runs[0], "idempotency_key")
     }
