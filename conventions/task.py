@@ -35,7 +35,7 @@ from conventions.schedules import entries as schedules
 from conventions.store import keys
 from conventions.store.base import Store
 from conventions.store.records import utcnow
-from conventions.tracing import context, scrubbing
+from conventions.tracing import context, scrubbing, spans
 from conventions.tracing import headers as hdr
 from conventions.tracing.headers import READY
 from conventions.transport import publish as onetrip
@@ -137,6 +137,24 @@ class ConventionTask(Task):  # type: ignore[misc]
         **options: Any,
     ) -> AsyncResult:
         """Validate, dedup and publish; a bad call raises here and enqueues nothing."""
+        celery_args = (producer, link, link_error, shadow)
+        traces = spans.active()  # None unless this process traces: never imports OpenTelemetry
+        if traces is None:
+            return self._apply(args, kwargs, task_id, celery_args, options)
+        with traces.publishing(self) as note:  # the publish span (conventions.tracing.otel)
+            result = self._apply(args, kwargs, task_id, celery_args, options)
+            note(result)
+            return result
+
+    def _apply(
+        self,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        celery_args: tuple[Any, ...],
+        options: dict[str, Any],
+    ) -> AsyncResult:
+        producer, link, link_error, shadow = celery_args
         if options.get(READY):  # already checked: a retry, a defer, a replay's own publish
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options

@@ -30,6 +30,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "django": ("django", "sqlalchemy", "psycopg"),
     "testing": ("pytest", "sqlalchemy"),
     "console": ("starlette", "jinja2", "uvicorn"),
+    "otel": ("opentelemetry",),
 }
 
 

@@ -4,7 +4,8 @@ A replay keeps what made the job *that* job: its payload, its idempotency key (s
 effect that did happen is still not repeated) and its correlation id (so the trace shows
 the replay beside the failure). It names the dead letter as its cause and the operator
 as its actor, marks the record replayed and writes a ``replayed`` audit event saying who
-replayed it and why.
+replayed it and why. Where the process traces (OpenTelemetry), the replay starts a trace
+of its own, linked to the run that was dead-lettered.
 
 Refused, with a message that says what to do: an empty reason, a task declared
 ``replayable=False`` (it moves money, say) or a record already replayed, unless forced.
@@ -24,10 +25,11 @@ event in the audit trail (replay it with force).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery.result import AsyncResult
 
@@ -35,6 +37,7 @@ from conventions.observability import audit
 from conventions.store.records import DeadLetter, utcnow
 from conventions.task import ConventionTask
 from conventions.tracing import headers as hdr
+from conventions.tracing import spans
 
 if TYPE_CHECKING:
     from conventions.app import App
@@ -106,7 +109,8 @@ def replay(
             raise LookupError(f"no dead letter with id {record_id!r}")
         raise _already(record.id, now.replayed_at or claimed, "another replay")
     try:
-        result = _publish(task, record, actor)
+        with _new_trace(record, actor):
+            result = _publish(task, record, actor)
     except BaseException:
         _give_back(store, record, claimed)
         raise
@@ -170,6 +174,20 @@ def _publish(task: ConventionTask, record: DeadLetter, actor: str) -> AsyncResul
         kwargs=record.payload,
         idempotency_key=record.idempotency_key,
         headers=_headers(record, actor),
+    )
+
+
+def _new_trace(record: DeadLetter, actor: str) -> contextlib.AbstractContextManager[Any]:
+    """Where this process traces, a replay is a trace of its own (its root span
+    ``replay <task>``), linked to the run that was dead-lettered (the record keeps its
+    ``traceparent``) and to the operator's span, if any."""
+    traces = spans.active()  # None unless this process traces: never imports OpenTelemetry
+    if traces is None:
+        return contextlib.nullcontext()
+    attributes = {"task": record.task, "dead_letter.id": record.id, "actor": actor}
+    return cast(
+        "contextlib.AbstractContextManager[Any]",
+        traces.new_trace(f"replay {record.task}", attributes, record.headers.get(hdr.TRACEPARENT)),
     )
 
 

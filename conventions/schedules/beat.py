@@ -31,10 +31,11 @@ The enqueue reservation of the task itself is released when its job finishes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from celery.beat import PersistentScheduler
 
@@ -45,6 +46,7 @@ from conventions.schedules import overlap, pauses
 from conventions.schedules.entries import Entry, Occurrence
 from conventions.task import ConventionTask, DuplicateResult
 from conventions.tracing import headers as hdr
+from conventions.tracing import spans
 
 logger = logging.getLogger("conventions.schedules.beat")
 
@@ -129,15 +131,32 @@ def publish(
     task's enqueue reservation of the occurrence's business key."""
     task = _task_of(app, entry)
     headers = {**(extra_headers or {}), **occurrence_headers(entry, occurrence, actor)}
-    result = task.apply_async(
-        kwargs=entry.payload_for(occurrence),
-        task_id=str(uuid.uuid4()),
-        idempotency_key=occurrence.key,
-        headers=headers,
-    )
+    with _new_trace(entry, occurrence):
+        result = task.apply_async(
+            kwargs=entry.payload_for(occurrence),
+            task_id=str(uuid.uuid4()),
+            idempotency_key=occurrence.key,
+            headers=headers,
+        )
     if entry.overlap == "replace" and not getattr(result, "deduplicated", False):
         overlap.announce(task.store, entry.name, occurrence.at.isoformat())
     return result
+
+
+def _new_trace(entry: Entry, occurrence: Occurrence) -> contextlib.AbstractContextManager[Any]:
+    """Where this process traces, each occurrence is a trace of its own (its root span
+    ``beat <entry>``), linked to the caller's span when a trigger runs inside one."""
+    traces = spans.active()  # None unless this process traces: never imports OpenTelemetry
+    if traces is None:
+        return contextlib.nullcontext()
+    attributes = {
+        "task": entry.task, "schedule": entry.name, "occurrence": occurrence.at.isoformat(),
+        "idempotency_key": occurrence.key,
+    }  # fmt: skip
+    return cast(
+        "contextlib.AbstractContextManager[Any]",
+        traces.new_trace(f"beat {entry.name}", attributes),
+    )
 
 
 def _record_sent(task: ConventionTask, occurrence: Occurrence, task_id: str, actor: str) -> None:

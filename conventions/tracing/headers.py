@@ -1,14 +1,18 @@
 """The names of our message headers, and the typed reader of each.
 
 Every header of ours starts with ``cc_`` and is listed here (and in
-``docs/reference/headers.md``). None is named after a Celery ``Context`` attribute:
-Celery overwrites ``correlation_id`` with the task id. In the worker, headers are read
-as ``task.request`` attributes, since Sentry reshapes ``request.headers``.
+``docs/reference/headers.md``), beside the two W3C trace-context headers the layer carries
+under their standard names (``traceparent``, ``tracestate``: what OpenTelemetry's
+propagator and ``opentelemetry-instrumentation-celery`` read and write). None is named
+after a Celery ``Context`` attribute: Celery overwrites ``correlation_id`` with the task
+id. In the worker, headers are read as ``task.request`` attributes, since Sentry
+reshapes ``request.headers``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -47,6 +51,16 @@ SCHEDULE = "cc_schedule"
 OCCURRENCE = "cc_occurrence"
 #: the entry's overlap policy: ``skip``, ``replace`` or ``allow``
 OVERLAP = "cc_overlap"
+#: the W3C trace context of the span that published this job (``00-<trace>-<span>-<flags>``):
+#: written by OpenTelemetry's propagator when traces are on (``conventions.tracing.otel``),
+#: kept across retries and deferrals; in a worker, the run's own span (a dead letter keeps
+#: it, so that a replay links to the run that failed)
+TRACEPARENT = "traceparent"
+#: the W3C trace state that goes with ``traceparent`` (vendor entries)
+TRACESTATE = "tracestate"
+#: the ``traceparent`` of the job's first attempt's run span: every later attempt's run
+#: span links to it
+FIRST_SPAN = "cc_first_span"
 
 ALL_HEADERS = (
     CORRELATION,
@@ -64,6 +78,9 @@ ALL_HEADERS = (
     OCCURRENCE,
     OVERLAP,
     DUE,
+    FIRST_SPAN,
+    TRACEPARENT,
+    TRACESTATE,
 )
 #: the headers a child job inherits from its parent's context
 INHERITED = (CORRELATION, REQUEST, ACTOR)
@@ -85,6 +102,9 @@ MAX_KEY = 1024
 MAX_TIME = 64
 #: the most ``cc_resumed`` can count
 MAX_RESUMED = 1_000_000
+#: the longest ``tracestate`` kept (W3C: 32 entries of at most 256 characters, in practice
+#: far less)
+MAX_TRACESTATE = 1024
 #: the overlap policies a schedule entry can name
 OVERLAP_POLICIES = ("skip", "replace", "allow")
 
@@ -149,6 +169,18 @@ def _limits(value: Any) -> dict[str, Any]:
     return {"booked": [_text(n, MAX_ID) for n in booked], "waits": _count(value.get("waits", 0))}
 
 
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[0-9a-f-]{1,64})?")
+
+
+def _traceparent(value: Any) -> str:
+    """A W3C ``traceparent`` (version, trace id, span id, flags; a later version may add
+    fields after them, kept)."""
+    text = _text(value, 128)
+    if not _TRACEPARENT.fullmatch(text) or text.startswith("ff-"):
+        raise BadHeader("not a W3C traceparent")
+    return text
+
+
 _READERS: dict[str, Callable[[Any], Any]] = {
     **{name: lambda v: _text(v, MAX_ID) for name in (CORRELATION, REQUEST, CAUSATION, ACTOR)},
     **{name: lambda v: _text(v, MAX_ID) for name in (REPLAY_OF, SCHEDULE)},
@@ -161,6 +193,9 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     RECONCILE: _flag,
     OVERLAP: _overlap,
     LIMITS: _limits,
+    TRACEPARENT: _traceparent,
+    FIRST_SPAN: _traceparent,
+    TRACESTATE: lambda v: _text(v, MAX_TRACESTATE),
 }
 
 

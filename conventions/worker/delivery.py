@@ -37,7 +37,7 @@ from conventions.schedules import overlap
 from conventions.store import keys
 from conventions.store.records import AuditEvent, Category, Claim, ClaimStatus
 from conventions.tracing import headers as hdr
-from conventions.tracing import logs, scrubbing
+from conventions.tracing import logs, scrubbing, spans
 from conventions.tracing.context import Trace
 from conventions.tracing.headers import READY
 from conventions.worker import signals
@@ -55,9 +55,11 @@ def run(task: JobTask, request: Any, trace: Trace, args: Any, kwargs: Any) -> An
     headers, refused = deadletter.our_headers(request)  # untrusted: each one read by type
     headers[hdr.CORRELATION] = trace.correlation_id
     delivery = Delivery(task, request, headers, dict(kwargs or {}), refused=refused)
-    payload = delivery.validate(args)
-    with limits.admitted(delivery):  # dependency tokens and slots, before the claim
-        return delivery.execute(payload, trace)
+    traces = spans.active()  # None unless this process traces: never imports OpenTelemetry
+    if traces is None:
+        return delivery.perform(args, trace)
+    with traces.running(delivery):  # the run span, its attributes, the retry's link
+        return delivery.perform(args, trace)
 
 
 @dataclass
@@ -114,6 +116,12 @@ class Delivery(Exits):
         eta = getattr(self.request, "eta", None)
         wait = queues.waited(self.headers.get(hdr.ENQUEUED_AT), eta)
         return {} if wait is None else {"wait_s": round(wait, 4)}
+
+    def perform(self, args: Any, trace: Trace) -> Any:
+        """Validate, pass the dependency limits, then claim, run and record."""
+        payload = self.validate(args)
+        with limits.admitted(self):  # dependency tokens and slots, before the claim
+            return self.execute(payload, trace)
 
     def validate(self, args: Any) -> Payload:
         """The payload model; an invalid message is dead-lettered as ``invalid``."""
@@ -249,6 +257,7 @@ class Delivery(Exits):
             task.store.unreserve(key, request.id)
         except Exception as exc:
             self.store_down(exc)
+        self.decision = "skip"
         self.audit("skipped_duplicate", outcome=claim.outcome, holder=claim.holder)
         logger.info("%s[%s]: key %s already done, body skipped", task.name, request.id, key)
 
@@ -271,6 +280,7 @@ class Delivery(Exits):
             )  # fmt: skip
         except Exception as exc:
             self.completion_refused(exc)
+        self.decision = "succeeded"
 
     def deadline(self) -> float:
         """Until when a completion waits for a store that does not answer: the patience,
@@ -356,6 +366,7 @@ class Delivery(Exits):
             logger.error("%s[%s]: could not defer (%s); requeued", self.task.name,
                          self.request.id, exc)  # fmt: skip
             raise Reject(reason, requeue=True) from exc
+        self.decision = "defer"
         if not store_down:  # an audit write would fail too
             self.audit("deferred", delay=round(countdown, 3), reason=reason)
         (logger.warning if store_down else logger.info)(
@@ -380,6 +391,7 @@ class Delivery(Exits):
                 store.release(key, self.owner, self.request.id)
             except Exception as release_error:  # the reservation would stay: keep the job
                 self.store_down(release_error, " for the skip")
+            self.decision = "skip"
             self.audit("skipped", reason=decision.reason)
             logger.info("%s[%s] skipped: %s", self.task.name, self.request.id, decision.reason)
             return None

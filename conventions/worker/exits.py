@@ -73,6 +73,11 @@ class Exits:
     refused: dict[str, Any]
     #: what this delivery's dead letter says of itself (:func:`dead_letter_note`), once written
     dead_letter_note: str | None = None
+    #: the delivery's outcome, as its span says it (``succeeded``, ``retry``, ``dead_letter``,
+    #: ``skip``, ``defer``), and its dead letter's category and id: set as it is decided
+    decision: str | None = None
+    category: str | None = None
+    dead_letter_id: str | None = None
 
     if TYPE_CHECKING:  # provided by ``runner.Delivery``
 
@@ -203,6 +208,7 @@ class Exits:
             # no home for the record: keep the job instead (it runs again later)
             self.store_down(write_error, " for the dead letter")
         self.dead_letter_note = dead_letter_note(str(category), record.id)
+        self.decision, self.category, self.dead_letter_id = "dead_letter", str(category), record.id
         if exc is not None:  # in the traceback Celery stores, logs and sends to Flower
             add_note(exc, self.dead_letter_note)
         self.audit(
@@ -255,6 +261,7 @@ class Exits:
             signature.apply_async()
         except Exception as publish_error:
             self.retry_refused(exc, publish_error)
+        self.decision = "retry"
         self.audit(
             "retried", delay=round(countdown, 3), reason=decision.reason,
             exc_type=type(exc).__qualname__,

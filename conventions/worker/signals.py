@@ -6,6 +6,9 @@
   cause; outside any context (beat, a script) each publish starts a new story. Flower
   renders no custom headers, so the correlation id is also appended to the display-only
   kwargs repr of every publish: a first publish, a retry, a deferral, a replay, a child.
+- ``after_task_publish``: only where ``opentelemetry-instrumentation-celery`` is installed,
+  to name the message on its publish span (an always-connected receiver would cost every
+  publish a few microseconds for nothing).
 - ``task_prerun`` / ``task_postrun``: bind the job for logs (:mod:`conventions.tracing.logs`),
   Sentry tags and child publishes, for every task. A message from a foreign producer
   without our headers gets its correlation id here, at receipt.
@@ -23,7 +26,7 @@ from typing import Any
 
 from conventions.observability import alerts
 from conventions.results import redis as results
-from conventions.tracing import context, logs
+from conventions.tracing import context, logs, spans
 from conventions.tracing import headers as hdr
 
 #: the request attribute that keeps the context token of the running delivery (a retry
@@ -31,10 +34,13 @@ from conventions.tracing import headers as hdr
 _TOKEN = "_cc_context_token"
 
 
-def on_before_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+def on_before_publish(
+    headers: dict[str, Any] | None = None, task: Any = None, routing_key: Any = None, **_: Any
+) -> None:
     """Complete the headers of a publish that did not go through a convention task, and
     show the correlation id in the kwargs repr of every publish (a retry, a deferral:
-    Celery makes their repr afresh from the kwargs, without it)."""
+    Celery makes their repr afresh from the kwargs, without it). Where this process
+    traces, the trace context goes into the headers too (:mod:`conventions.tracing.otel`)."""
     if headers is None:
         return
     if hdr.CORRELATION not in headers:  # not ours yet: a plain task, beat, a script
@@ -42,6 +48,18 @@ def on_before_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
             headers.setdefault(name, value)
         headers.setdefault(hdr.ENQUEUED_AT, context.now_iso())
     show_correlation(headers)
+    traces = spans.active()  # None unless this process traces: never imports OpenTelemetry
+    if traces is not None:
+        traces.before_publish(task, headers, routing_key)
+
+
+def on_after_publish(
+    headers: dict[str, Any] | None = None, task: Any = None, routing_key: Any = None, **_: Any
+) -> None:
+    """Name the message on the publish span of ``opentelemetry-instrumentation-celery``
+    when its hook runs after ours (connected only where it is installed)."""
+    if headers is not None and (traces := spans.active()) is not None:
+        traces.after_publish(task, headers, routing_key)
 
 
 def kwargs_shown(kwargs: dict[str, Any], headers: dict[str, Any]) -> str:

@@ -6,7 +6,9 @@ connection at import. An app connects its receivers when it is created
 references to a :class:`Wiring` the app holds, so they go with the app. Each receiver
 returns at once for a sender of another app:
 
-- a publish (``before_task_publish``): the task name is registered in this app;
+- a publish (``before_task_publish``; ``after_task_publish`` only where
+  ``opentelemetry-instrumentation-celery`` is installed): the task name is registered
+  in this app;
 - a run (``task_prerun``, ``task_postrun``, ``task_revoked``): ``task.app`` is this app;
 - a worker or beat start (``worker_init``, ``worker_ready``, ``worker_shutdown``,
   ``beat_init``): the sender's app is this app, which then *owns the process*;
@@ -29,7 +31,7 @@ from conventions.config import settings
 from conventions.errors import ConfigurationError
 from conventions.observability import alerts
 from conventions.ops import pauses, retention
-from conventions.tracing import logs
+from conventions.tracing import logs, spans
 from conventions.transport import amqp_queues
 from conventions.worker import lifecycle, poison_queue, reservations
 from conventions.worker import signals as handlers
@@ -69,6 +71,10 @@ class Wiring:
             (signals.after_setup_task_logger, self.setup_logger),
         ):
             signal.connect(receiver, weak=True, dispatch_uid=uid + receiver.__name__)
+        if spans.instrumentation_installed():
+            signals.after_task_publish.connect(
+                self.after_publish, weak=True, dispatch_uid=uid + "after_publish"
+            )
 
     # -- whose is it -------------------------------------------------------------------
     def _runs_here(self) -> bool:
@@ -85,9 +91,21 @@ class Wiring:
         logs.install()
 
     # -- publish and run ---------------------------------------------------------------
-    def before_publish(self, sender: Any = None, headers: Any = None, **_: Any) -> None:
+    def before_publish(
+        self, sender: Any = None, headers: Any = None, routing_key: Any = None, **_: Any
+    ) -> None:
         if isinstance(sender, str) and sender in self.app._tasks:
-            handlers.on_before_publish(headers=headers)
+            handlers.on_before_publish(
+                headers=headers, task=self.app._tasks[sender], routing_key=routing_key
+            )
+
+    def after_publish(
+        self, sender: Any = None, headers: Any = None, routing_key: Any = None, **_: Any
+    ) -> None:
+        if isinstance(sender, str) and sender in self.app._tasks:
+            handlers.on_after_publish(
+                headers=headers, task=self.app._tasks[sender], routing_key=routing_key
+            )
 
     def prerun(self, sender: Any = None, task_id: Any = None, task: Any = None, **_: Any) -> None:
         if self._mine(task):

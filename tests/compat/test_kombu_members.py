@@ -1,5 +1,6 @@
 """The kombu and Celery members the layer relies on beyond their public API still exist,
-with the signatures it calls them with.
+with the signatures it calls them with (and the members of
+``opentelemetry-instrumentation-celery`` whose spans ``conventions.tracing.otel`` annotates).
 
 ``conventions.transport.redis`` subclasses kombu's Redis channel and overrides or calls private
 members; ``conventions.results.redis`` overrides a private method of Celery's Redis backend.
@@ -27,6 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 KOMBU_REDIS, KOMBU_VIRTUAL = "kombu.transport.redis", "kombu.transport.virtual"
 CELERY_REDIS = "celery.backends.redis:RedisBackend"
 DELAYS = "kombu.transport.native_delayed_delivery"
+OTEL_CELERY = "opentelemetry.instrumentation.celery"
+RETRIEVE_CONTEXT = (
+    "(task: 'Task | None', task_id: 'str', is_publish: 'bool' = False) -> 'ContextTuple | None'"
+)
 
 #: (owner as "module:qualname", member) -> the signature relied on, or None for a value
 METHODS: dict[tuple[str, str], str | None] = {
@@ -114,6 +119,13 @@ METHODS: dict[tuple[str, str], str | None] = {
     ("redis.cluster:RedisCluster", "get_default_node"): "(self)",
     ("redis.cluster:RedisCluster", "get_random_node"): "(self)",
     ("redis.cluster:NodesManager", "initialize"): None,
+    # conventions.tracing.otel: the spans of opentelemetry-instrumentation-celery it
+    # annotates instead of opening its own
+    (f"{OTEL_CELERY}.utils", "retrieve_context"): RETRIEVE_CONTEXT,
+    (f"{OTEL_CELERY}:CeleryInstrumentor", "is_instrumented_by_opentelemetry"): None,
+    # read on every publish and run instead of get_tracer_provider() (which reads the
+    # environment each time while no provider is set)
+    ("opentelemetry.trace", "_TRACER_PROVIDER"): None,
 }
 
 

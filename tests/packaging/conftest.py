@@ -36,6 +36,7 @@ OPTIONAL = (
     "starlette",
     "jinja2",
     "uvicorn",
+    "opentelemetry",
 )
 #: variables of this suite (or of a developer's shell) that must not reach the venv's
 #: processes: they would point them at the repository or at the reference app's settings

@@ -66,6 +66,8 @@ FEATURES = [
     ("outbox", "from conventions.transactional import outbox", "sql", "the outbox"),
     ("relay", "from conventions.transactional.relay import Relay", "sql", "the outbox relay"),
     ("console", "from conventions.console import console_app", "console", "the operator's console"),
+    ("otel", "from conventions.tracing import spans; spans.use(None)", "otel",
+     "OpenTelemetry traces"),
     ("exporter",
      "from conventions import App; from conventions.ops import exporter; "
      "exporter.Exporter(App('x', set_as_current=False))",

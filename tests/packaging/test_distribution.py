@@ -38,6 +38,7 @@ EXTRAS = {
     "django": {"django", "sqlalchemy", "psycopg"},
     "testing": {"pytest", "sqlalchemy"},
     "console": {"starlette", "jinja2", "uvicorn"},
+    "otel": {"opentelemetry-api"},
 }
 
 
