@@ -32,7 +32,7 @@ from conventions.jobs.decisions import DEFAULT_TABLE, DecisionTable
 from conventions.jobs.payloads import Payload
 from conventions.observability import audit
 from conventions.schedules import entries as schedules
-from conventions.store import keys
+from conventions.store import keys, outages
 from conventions.store.base import Store
 from conventions.store.records import utcnow
 from conventions.tracing import context, scrubbing, spans
@@ -199,7 +199,7 @@ class ConventionTask(Task):  # type: ignore[misc]
             self._publish_failed(key, task_id, headers, exc)
             raise
         if self.dedup is None:
-            with contextlib.suppress(*onetrip.UNREACHABLE):  # published: only its event lost
+            with contextlib.suppress(*outages.UNREACHABLE):  # published: only its event lost
                 store.add_audit(published)
         result.deduplicated = False
         return result
@@ -262,7 +262,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         if self.dedup is not None:
             try:
                 self.store.unreserve(key, task_id)
-            except onetrip.UNREACHABLE:
+            except outages.UNREACHABLE:
                 logger.warning("%s[%s]: the store is unavailable: a reservation of %r made "
                                "before the failure stays until it expires", self.name, task_id,
                                key)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Bounded waits for the ``conventions`` command, and what "a backend is unreachable" is.
+"""Bounded waits for the ``conventions`` command, and which backend did not answer.
 
 A command run by an operator (or a cron, or a health check) must answer within seconds
 whatever the broker, the store, the result backend or the outbox's database do. The app's
@@ -7,23 +7,20 @@ read while the backend is down): :func:`bounded` replaces them, for the command'
 duration only, with waits of ``timeout`` seconds and no retry loop, and puts them back
 afterwards (a command run in-process, as the tests do, leaves the app as it found it).
 
-:func:`unreachable` tells a backend that did not answer (refused, timed out, reset) from
-any other fault, and :func:`describe` says which backend it was, in one line.
+:func:`conventions.store.outages.unreachable` tells a backend that did not answer
+(refused, timed out, reset) from any other fault, and :func:`describe` says which
+backend it was, in one line.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import kombu.exceptions
-import redis
-
 from conventions.config import settings
-from conventions.errors import BackendUnavailable, ConfigurationError
+from conventions.errors import ConfigurationError
 from conventions.store import resolve_url
 
 #: seconds a command waits for a connection, and for each reply, without ``--timeout``
@@ -168,45 +165,6 @@ def _forget_connections(app: Any, *, store: bool) -> None:
         pool = getattr(client, "connection_pool", None)
         if pool is not None:
             pool.disconnect()  # its sockets closed now, not left to the garbage collector
-
-
-# -- what an unreachable backend looks like -------------------------------------------------
-
-
-def _sql_unreachable(exc: BaseException) -> bool:
-    try:
-        from sqlalchemy import exc as sa_exc
-    except ImportError:  # pragma: no cover - the [sql] extra is not installed
-        return False
-    if isinstance(exc, sa_exc.InterfaceError):
-        return True
-    if not isinstance(exc, sa_exc.OperationalError):
-        return False
-    text = str(exc.orig or exc).lower()
-    # SQLite's OperationalError is also "no such table" (a fault, not a lost server)
-    return "sqlite" not in type(exc.orig).__module__ or "unable to open" in text
-
-
-def _is_unreachable(exc: BaseException) -> bool:
-    if isinstance(exc, BackendUnavailable | kombu.exceptions.OperationalError):
-        return True
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        return not isinstance(exc, redis.exceptions.AuthenticationError)
-    if isinstance(exc, ConnectionError | socket.timeout | TimeoutError):
-        return True
-    return _sql_unreachable(exc)
-
-
-def unreachable(exc: BaseException) -> bool:
-    """Did ``exc`` (or what it was raised from) come from a backend that did not answer?"""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        if _is_unreachable(link):
-            return True
-        seen.add(id(link))
-        link = link.__cause__
-    return False
 
 
 def _plain(url: str) -> str:

@@ -17,7 +17,6 @@ turns the faults an operator can fix into one line on stderr and a documented co
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import os
 import sys
@@ -30,7 +29,9 @@ import click
 from conventions.app import App
 from conventions.cli import backends
 from conventions.cli import format as fmt
+from conventions.config import apps
 from conventions.errors import ConfigurationError
+from conventions.store import outages
 
 #: exit codes (see the module docstring and docs/reference/cli.md)
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -105,17 +106,18 @@ class Options:
 
 def load_app(spec: str) -> App:
     """Import ``MODULE`` (attribute ``app``) or ``MODULE:ATTR`` and check it is an App."""
-    module_name, _, attr = spec.partition(":")
+    module_name, attr = apps.split(spec)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # like ``celery -A``: the project's own modules
     try:
-        module = importlib.import_module(module_name)
+        app = apps.import_spec(spec)
     except ImportError as exc:
         raise Failure(f"cannot import the app module {module_name!r}: {exc}", USAGE) from exc
-    app = getattr(module, attr or "app", None)
+    except AttributeError:
+        app = None
     if not isinstance(app, App):
         raise Failure(
-            f"{module_name}:{attr or 'app'} is not a conventions.App (got {type(app).__name__}): "
+            f"{module_name}:{attr} is not a conventions.App (got {type(app).__name__}): "
             "pass -A MODULE or -A MODULE:ATTR naming the project's app",
             USAGE,
         )
@@ -197,7 +199,7 @@ def run(
     except ConfigurationError as exc:
         raise Failure(str(exc), USAGE) from exc
     except Exception as exc:
-        if backends.unreachable(exc):
+        if outages.unreachable(exc):
             extra = extra_urls(app, **params) if extra_urls else None
             message = backends.describe(exc, app, extra)
             raise Failure(f"{message} (timeout {timeout:g}s)", UNREACHABLE) from exc

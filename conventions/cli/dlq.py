@@ -31,6 +31,7 @@ from conventions.cli.base import (
     positive,
     print_json,
 )
+from conventions.config import durations
 from conventions.observability import shown
 from conventions.observability import trace as tracing
 from conventions.ops import replay as replaylib
@@ -42,8 +43,8 @@ from conventions.ops.retention import (
 )
 from conventions.store.records import Category
 
-DURATION = Parsed(fmt.parse_duration, "DURATION")
-SINCE = Parsed(fmt.parse_since, "WHEN")
+DURATION = Parsed(durations.parse_duration, "DURATION")
+SINCE = Parsed(durations.parse_since, "WHEN")
 
 
 @click.group("dlq", cls=Group)

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from conventions.observability.trace import Job
@@ -27,8 +26,6 @@ from conventions.store import key_forms
 from conventions.store.records import DeadLetter
 from conventions.tracing.escaping import escape
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 #: the longest message shown in a table cell
 MESSAGE_WIDTH = 80
 
@@ -64,33 +61,6 @@ def guarded() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = out, err
-
-
-def parse_duration(text: str) -> timedelta:
-    """``30s``, ``15m``, ``2h``, ``7d``, ``2w`` or a sum like ``1h30m``; never negative."""
-    value = text.strip().lower()
-    parts = _DURATION.findall(value)
-    if not value or "".join(n + u for n, u in parts) != value:
-        raise ValueError(
-            f"invalid duration {text!r}: use a number and a unit s, m, h, d or w "
-            "(e.g. 30m, 2h, 7d, 1h30m)"
-        )
-    return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """A point in time: an ISO date or datetime (naive means UTC), or a duration ago."""
-    value = text.strip()
-    with contextlib.suppress(ValueError):
-        return (now or datetime.now(UTC)) - parse_duration(value)
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(
-            f"invalid time {text!r}: use an ISO date or datetime (2024-03-01, "
-            "2024-03-01T12:00) or a duration meaning that long ago (30m, 2h, 7d)"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def when(value: datetime | None, *, millis: bool = False) -> str:

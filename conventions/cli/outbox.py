@@ -36,7 +36,7 @@ from conventions.cli import backends
 from conventions.cli import format as fmt
 from conventions.cli.base import REFUSED, Group, Parsed, command, json_option, positive
 from conventions.cli.base import print_json as _print_json
-from conventions.config import settings
+from conventions.config import durations, settings
 from conventions.errors import ConfigurationError
 from conventions.store import resolve_url
 from conventions.transactional import (
@@ -117,7 +117,7 @@ def outbox_group() -> None:
 )
 @click.option(
     "--retention",
-    type=Parsed(fmt.parse_duration, "DURATION"),
+    type=Parsed(durations.parse_duration, "DURATION"),
     default=f"{DEFAULT_RETENTION_DAYS}d",
     metavar="DURATION",
     help=f"keep published rows this long (default {DEFAULT_RETENTION_DAYS}d)",

@@ -21,11 +21,12 @@ import click
 from conventions.app import App
 from conventions.cli import format as fmt
 from conventions.cli.base import REFUSED, Failure, Group, Parsed, command, json_option, print_json
+from conventions.config import durations
 from conventions.observability import shown
 from conventions.store import key_forms
 from conventions.store.runs import STATES, Run
 
-SINCE = Parsed(fmt.parse_since, "WHEN")
+SINCE = Parsed(durations.parse_since, "WHEN")
 
 
 @click.group("runs", cls=Group)

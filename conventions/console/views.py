@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import json
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
+from conventions.config import durations
 from conventions.tracing.scrubbing import scrub_text
-
-DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime | None:
-    """``30m``/``2h``/``7d`` ago, or an ISO date/datetime (UTC unless it says); None for
-    an empty field. Raises ``ValueError`` for anything else, a duration reaching before
-    year 1 included (``3000000d``: Python's dates overflow there, and an input error is
-    the caller's 400, never a 500)."""
-    text = text.strip()
-    if not text:
-        return None
-    found = DURATION.match(text)
-    try:
-        if found:
-            seconds = float(found.group(1)) * UNITS[found.group(2)]
-            return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
-        moment = datetime.fromisoformat(text)
-        return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
-    except OverflowError as exc:
-        raise ValueError("too far back (before year 1)") from exc
+    """A filter's point in time (:func:`conventions.config.durations.parse_since`: the
+    CLI's forms); None for an empty field. ``ValueError`` for anything else, a point
+    before year 1 included (the caller's 400, never a 500)."""
+    return durations.parse_since(text, now) if text.strip() else None
 
 
 def when(value: datetime | str | None) -> str:

@@ -80,9 +80,11 @@ _local = threading.local()  # per worker thread (per greenlet when patched)
 T = TypeVar("T")
 
 
-def unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the server did not answer: a transport error of the default
-    decisions table (connection refused or lost, timeouts, DB operational errors)."""
+def retryable(exc: BaseException) -> bool:
+    """Whether a completion's write that raised ``exc`` is tried again: a transient
+    error of the default decisions table (connection refused or lost, timeouts, DB
+    operational errors, a locked SQLite among them), wider than an outage
+    (:func:`conventions.store.outages.unreachable`)."""
     return isinstance(DEFAULT_TABLE.decide(exc), RetryDecision)
 
 
@@ -95,7 +97,7 @@ def patiently(call: Callable[[], T], deadline: float, what: str, on_wait: Callab
         try:
             return call()
         except Exception as exc:
-            if not unreachable(exc) or time.monotonic() + pause > deadline:
+            if not retryable(exc) or time.monotonic() + pause > deadline:
                 raise
             if pause == PAUSES[0]:
                 logger.warning("%s: the server does not answer (%s); trying again", what,
@@ -204,7 +206,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
                 write, pending.deadline, f"recording {pending.args[0]} done", pending.hold
             )
         except Exception as exc:
-            if unreachable(exc) and getattr(_local, "completion", None) is pending:
+            if retryable(exc) and getattr(_local, "completion", None) is pending:
                 # Celery records FAILURE and acks: a copy keeps the job (its body runs
                 # again), and settle does not try once more behind its back
                 _local.completion = None
@@ -357,5 +359,5 @@ def settle() -> None:
         pending.run()
     except Exception as exc:
         logger.error("could not record %s as done", pending.args[0], exc_info=True)
-        if unreachable(exc):  # Celery acks the message next: a copy keeps the job
+        if retryable(exc):  # Celery acks the message next: a copy keeps the job
             pending.give_back()

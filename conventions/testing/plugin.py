@@ -23,7 +23,6 @@ opened. Everything happens in the fixtures a test asks for, all named ``cc_*``:
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Generator, Iterator
 from datetime import datetime
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from conventions.config import apps
 
 if TYPE_CHECKING:
     from conventions.testing.clock import VirtualClock
@@ -77,18 +78,16 @@ def _app_module_missing(spec: str, exc: BaseException) -> str | None:
     return None
 
 
-def load_app(spec: str) -> Any:
-    """The object ``"module:attribute"`` names (``"tasks"`` alone: ``tasks.app``); a
-    usage error saying how to put the project on the path when its module is not."""
-    module, _, attribute = spec.partition(":")
+def _kit_app(spec: str) -> Any:
+    """The object ``"module:attribute"`` names (:func:`conventions.config.apps.import_spec`);
+    a usage error saying how to put the project on the path when its module is not."""
     try:
-        imported = importlib.import_module(module)
+        return apps.import_spec(spec)
     except ModuleNotFoundError as exc:
         missing = _app_module_missing(spec, exc)
         if missing is None:
             raise
         raise pytest.UsageError(PYTHONPATH_HINT.format(spec=spec, missing=missing)) from exc
-    return getattr(imported, attribute or "app")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -117,7 +116,7 @@ def cc_app(request: pytest.FixtureRequest) -> Any:
             "[tool.pytest.ini_options] of pyproject.toml (or pass --cc-app), or define "
             "a cc_app fixture that returns it"
         )
-    return load_app(str(spec))
+    return _kit_app(str(spec))
 
 
 @pytest.fixture

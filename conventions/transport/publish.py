@@ -34,34 +34,19 @@ then pushes, the two-step path inside the publish, so the reservation and the
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-import redis
-from kombu.exceptions import OperationalError
-
 from conventions.config import sentinel
 from conventions.config.profile import INBOX_TRANSPORT, publish_timeout
 from conventions.errors import BackendUnavailable
+from conventions.store.outages import UNREACHABLE, unreachable
 from conventions.store.records import AuditEvent
 from conventions.store.redis import RedisStore
 from conventions.tracing.scrubbing import scrub_text
 from conventions.transport import redis as broker
-
-#: what a broker, result backend or store that is down, or does not answer, raises
-#: through kombu, redis-py or the socket (Celery's result consumer raises a RuntimeError
-#: *from* one of these when it gives up reconnecting)
-UNREACHABLE: tuple[type[BaseException], ...] = (
-    OperationalError, redis.ConnectionError, redis.TimeoutError, ConnectionError,
-    TimeoutError, socket.gaierror,
-    # a store on Redis Cluster during a failover: CLUSTERDOWN, TRYAGAIN, a slot no node
-    # serves yet, or redis-py's retries used up
-    redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
-    redis.exceptions.RedisClusterException,
-)  # fmt: skip
 
 
 class Deduplicated(Exception):
@@ -186,18 +171,6 @@ def _reserve_then_push(  # noqa: PLR0917
     if key is None:
         with contextlib.suppress(*UNREACHABLE):  # pushed: the job is out, only its event lost
             store.add_audit(audit)
-
-
-def unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) says a backend is down or silent."""
-    seen: BaseException | None = exc
-    for _ in range(5):  # a short chain: kombu and Celery wrap once or twice
-        if seen is None:
-            return False
-        if isinstance(seen, UNREACHABLE):
-            return True
-        seen = seen.__cause__
-    return False
 
 
 @contextlib.contextmanager

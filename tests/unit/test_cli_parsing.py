@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,12 +12,11 @@ from conventions.cli import main as cli
 from conventions.cli.format import (
     dead_letter_detail,
     dead_letter_table,
-    parse_duration,
-    parse_since,
     replay_report,
     table,
     trace_text,
 )
+from conventions.config.durations import parse_duration, parse_since
 from conventions.observability.trace import build_trace
 from conventions.ops.replay import ReplayOutcome
 from conventions.store.records import AuditEvent, Category, DeadLetter
@@ -100,11 +99,11 @@ def test_since_as_a_naive_datetime_is_read_as_utc() -> None:
     assert parse_since("2024-03-01T12:30") == datetime(2024, 3, 1, 12, 30, tzinfo=UTC)
 
 
-def test_since_keeps_an_explicit_utc_offset() -> None:
+def test_since_reads_an_explicit_utc_offset_and_answers_in_utc() -> None:
     parsed = parse_since("2024-03-01T12:30+02:00")
 
     assert parsed == datetime(2024, 3, 1, 10, 30, tzinfo=UTC)
-    assert parsed.utcoffset() == timezone(timedelta(hours=2)).utcoffset(None)
+    assert parsed.utcoffset() == timedelta(0)
 
 
 def test_since_that_is_neither_a_time_nor_a_duration_is_refused() -> None:
