@@ -78,3 +78,16 @@ function liveRuns(marker) {
   setInterval(refresh, every);
 }
 document.querySelectorAll("[data-live-runs]").forEach(liveRuns);
+// The queues' charts: the server draws them; the fragment is fetched again each minute.
+function liveCharts(section) {
+  const every = Number(section.dataset.every || 60) * 1000;
+  setInterval(async () => {
+    try {
+      const reply = await fetch(section.dataset.charts, { headers: { accept: "text/html" } });
+      if (reply.ok) section.innerHTML = await reply.text();
+    } catch (error) {
+      // keep the last drawing
+    }
+  }, every);
+}
+document.querySelectorAll("[data-charts]").forEach(liveCharts);
