@@ -33,6 +33,7 @@ from conventions.console.context import (
     base_path,
     console_of,
     first,
+    page_number,
     render,
     require,
     submitted,
@@ -125,14 +126,6 @@ def _records(app: Any, filters: Filters) -> tuple[list[DeadLetter], bool]:
         records = [r for r in records if found_by(r, filters.q)]
     field, backwards = SORTS[filters.sort]
     return sorted(records, key=lambda r: getattr(r, field), reverse=backwards), capped
-
-
-def page_number(text: str) -> int:
-    try:
-        number = int(text or "1")
-    except ValueError as exc:
-        raise Refused(400, f"page {text[:20]!r} is not a number") from exc
-    return max(number, 1)
 
 
 async def index(request: Request) -> Response:
