@@ -7,8 +7,9 @@ button and a POST is refused by role; an operator's POST without the page's CSRF
 is refused; hostile records run no script and break no policy; a schedule trigger
 double-clicked sends once; the queues page refreshes itself; a job's run appears on the
 runs page and its page shows its attempts; the queues' charts, the dead letters' search
-and discard, the runs' refresh, a re-run and the schedules' cadence in one session. With ``CONSOLE_SCREENSHOTS=1`` the test
-writes each page's screenshot to docs/img/console-*.png (docs/howto/console.md shows them).
+and discard, the runs' refresh, a re-run and the schedules' cadence in one session.
+With ``CONSOLE_SCREENSHOTS=1`` the test writes each page's screenshot to
+docs/img/console-*.png (docs/howto/console.md shows them).
 """
 
 from __future__ import annotations
@@ -247,7 +248,8 @@ def test_an_operator_works_the_charts_lists_runs_and_schedules_in_one_session(
     eventually(lambda: (run := app.store.get_run(job.id)) and not run.live, f"the run of {job.id}")
     page.goto("/runs")
     marker = page.locator("[data-refresh]")
-    page.wait_for_function("el => el.textContent.startsWith('updated')", arg=marker.element_handle())
+    updated = "el => el.textContent.startsWith('updated')"
+    page.wait_for_function(updated, arg=marker.element_handle())
     page.goto(f"/runs/{job.id}")
     page.locator("#rerun summary").click()
     page.get_by_label("Reason").fill("customer asked")

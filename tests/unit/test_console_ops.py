@@ -28,7 +28,7 @@ billing.provider.CardDeclined: card declined: insufficient funds"""
 def test_a_traceback_opens_on_the_users_code_with_the_layers_and_celerys_frames_folded() -> None:
     runs = views.frames(TRACEBACK)
     assert [folded for folded, _ in runs] == [False, True, False]
-    assert 'celery/app/trace.py' in runs[1][1] and 'conventions/worker/run.py' in runs[1][1]
+    assert "celery/app/trace.py" in runs[1][1] and "conventions/worker/run.py" in runs[1][1]
     assert runs[2][1].startswith('  File "/srv/app/billing/tasks.py"')
     assert runs[2][1].endswith("CardDeclined: card declined: insufficient funds")
 
