@@ -19,10 +19,12 @@ import uvicorn
 
 from conventions.cli.main import main
 from conventions.console import console_app
+from conventions.observability import audit
 from conventions.ops import pauses, sampler
 from conventions.store import series
 from conventions.store.records import Category, DeadLetter
 from conventions.store.runs import Run
+from conventions.tracing import headers as hdr
 from tasks import app
 from tests.integration import support_flaky, support_jobs
 from tests.integration.helpers import wait_for
@@ -266,3 +268,25 @@ def test_the_schedules_page_says_the_cadence_the_next_run_and_that_beat_looks_do
     beat_down = re.search(r'id="beat-down".*?</p>', page, re.S)  # no beat runs in the tests
     assert beat_down and "daily-sales" in beat_down.group(0)
     assert 'id="no-consumer"' not in page  # the thread worker consumes email and heavy
+
+
+def test_runs_are_paged_counted_and_found_by_payload_id_or_either_key_form(base_url: str) -> None:
+    task, story = "testing.echo.v1", uuid.uuid4().hex
+    ids = [uuid.uuid4().hex for _ in range(55)]
+    for i, task_id in enumerate(ids):
+        headers = {hdr.CORRELATION: story, hdr.IDEMPOTENCY_KEY: f"echo:c{i}"}
+        audit.record(app.store, "published", task, task_id, headers)
+    headers = {hdr.CORRELATION: story, hdr.IDEMPOTENCY_KEY: "echo:c7"}
+    audit.record(app.store, "started", task, ids[7], headers, attempt=1)
+    error = "TransientError: the provider timed out"
+    detail = {"exc_type": "TransientError", "reason": "the provider timed out"}
+    audit.record(app.store, "retried", task, ids[7], headers, attempt=1, detail=detail)
+    with client(base_url, "rita") as http:
+        first = http.get(f"/runs?task={task}")
+        assert '<small class="hint" id="count">55' in first.text and "page 1 of 2" in first.text
+        assert len(re.findall(r'<td class="mono"><a href="/runs/', first.text)) == 50
+        for search in ("q=c7", "q=echo:c7", "key=echo:c7", "key=testing.echo:echo:c7"):
+            found = http.get(f"/runs?{search}")
+            listed = re.findall(r'<td class="mono"><a href="/runs/([0-9a-f]+)"', found.text)
+            assert listed == [ids[7]], search
+        assert error in http.get("/runs?q=c7").text  # the message column

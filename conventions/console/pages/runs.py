@@ -65,6 +65,8 @@ class Filters:
     correlation: str = ""
     queue: str = ""
     since: str = ""
+    #: a run's id, its key (either form) or a part of its key (a payload id: ``inv_4004``)
+    q: str = ""
     sort: str = "newest"
     page: str = "1"
 
@@ -97,7 +99,21 @@ def _recent(app: Any, filters: Filters) -> list[Run]:
         ):  # fmt: skip
             found.setdefault(run.id, run)
     order, backwards = SORTS[filters.sort]
-    return sorted(found.values(), key=order, reverse=backwards)
+    matching = [run for run in found.values() if not filters.q or found_by(run, filters.q)]
+    return sorted(matching, key=order, reverse=backwards)
+
+
+def found_by(run: Run, text: str) -> bool:
+    """Does the search ``text`` name ``run``: its id, its correlation id, its key in
+    either form, or a part of its key between colons (a payload id: the key of
+    ``charge:{invoice_id}`` holds it)?"""
+    if text in (run.id, run.correlation_id):
+        return True
+    key = run.key or ""
+    return bool(key) and (
+        text in (key, keys.namespaced(run.task, key), keys.bare(run.task, key))
+        or text in key.split(":")
+    )
 
 
 def key_forms(app: Any, key: str, task: str = "") -> list[str]:
