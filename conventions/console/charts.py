@@ -11,6 +11,7 @@ is the largest sampled in the bin.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -70,7 +71,7 @@ def binned(
     out: dict[str, list[float | None]] = {q: [None] * count for q in queues}
     previous: dict[str, float] = {}
     for at, row in samples:
-        index = int((at - start) / width)
+        index = math.floor((at - start) / width)
         for queue in queues:
             value = (row.get(queue) or {}).get(field)
             if not isinstance(value, int | float):
@@ -109,7 +110,8 @@ def _y(value: float, peak: float) -> float:
 
 
 def _path(line: Sequence[float | None], peak: float) -> str:
-    """An SVG path through the points, broken where a bin has no sample."""
+    """An SVG path through the points, broken where a bin has no sample (a point alone
+    is drawn as a dot: a segment of no length with round caps)."""
     step = (WIDTH - LEFT - 4) / max(len(line) - 1, 1)
     parts, pen = [], "M"
     for i, value in enumerate(line):
@@ -117,6 +119,9 @@ def _path(line: Sequence[float | None], peak: float) -> str:
             pen = "M"
             continue
         parts.append(f"{pen}{LEFT + i * step:.1f},{_y(value, peak):.1f}")
+        alone = pen == "M" and (i + 1 == len(line) or line[i + 1] is None)
+        if alone:
+            parts.append("h0.01")
         pen = "L"
     return " ".join(parts)
 
@@ -144,9 +149,15 @@ def svg(chart: Chart, queues: Sequence[str]) -> Markup:
         drawn = _path(line, peak)
         if drawn:
             out.append(
-                f'<path class="line series-{colour}" d="{drawn}" data-queue="{escape(queue)}">'
+                f'<path class="line series-{colour}" d="{drawn}" data-queue="{escape(queue)}" '
+                'stroke-linecap="round" stroke-linejoin="round">'
                 f"<title>{escape(queue)}</title></path>"
             )
+    if not chart.bins or all(v is None for line in chart.lines.values() for v in line):
+        out.append(
+            f'<text class="tick" x="{(WIDTH + LEFT) / 2}" y="{HEIGHT / 2}" '
+            'text-anchor="middle">no samples in this range yet</text>'
+        )
     out.append("</svg>")
     return Markup("".join(out))
 

@@ -74,6 +74,11 @@ def test_a_chart_counts_the_increases_between_samples_and_breaks_at_a_gap() -> N
     assert ages == [2.0, 9.0, 0.0, None, 1.0]
     day = charts.binned(samples, "succeeded", start, timedelta(minutes=15), 1)["email"]
     assert day == [31.0]
+    # a sample before the range gives the first bin its increase, and is not drawn
+    later = charts.binned(
+        samples, "succeeded", start + timedelta(minutes=1), timedelta(minutes=1), 2
+    )
+    assert later["email"] == [30.0, 1.0]
 
 
 def test_a_chart_is_inline_svg_with_every_queue_name_escaped() -> None:

@@ -68,7 +68,8 @@ def drawn(app: Any, name: str, order: list[str]) -> list[dict[str, Any]]:
     if name not in charts.RANGES:
         raise Refused(400, f"no chart range {name!r} (hour or day)")
     until = datetime.now(UTC)
-    samples = series.read(app.store, until - charts.RANGES[name][0], until)
+    length, width = charts.RANGES[name]
+    samples = series.read(app.store, until - length - width, until)  # a bin more: its totals
     queues_seen = order + sorted({q for _, row in samples for q in row} - set(order))
     return [
         {"title": c.title, "svg": charts.svg(c, queues_seen), "field": c.field,
