@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import pytest
 import uvicorn
@@ -334,7 +335,8 @@ def test_hostile_records_run_no_script_and_break_no_policy_in_the_browser(
     pages = [
         "/queues", "/runs", f"/runs/{hostile.XSS_ID}", "/dead-letters",
         f"/dead-letters/{record.id}", "/schedules", f"/trace?correlation={hostile.XSS}",
-        f"/runs/{hostile.XSS_ID}x",
+        f"/runs/{hostile.XSS_ID}x", f"/dead-letters?q={quote(hostile.XSS)}&sort=task",
+        f"/runs?q={quote(hostile.XSS)}&key={quote(hostile.XSS)}",
     ]  # fmt: skip
     try:
         for path in pages:

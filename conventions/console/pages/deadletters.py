@@ -250,8 +250,9 @@ async def replayed(request: Request) -> Response:
     again and replays nothing)."""
     who = await require(request, "view")
     name = request.path_params["outcome"]
-    kept = await run_in_threadpool(console_of(request).app.store.get_state, f"{OUTCOMES}{name}")
-    if kept is None or not name.isalnum():
+    store = console_of(request).app.store
+    kept = await run_in_threadpool(store.get_state, f"{OUTCOMES}{name}") if name.isalnum() else None
+    if kept is None:
         raise Refused(404, "no such replay outcome (they are kept for an hour)")
     outcomes = kept.get("outcomes", [])
     status = 200 if all(o["status"] == "replayed" for o in outcomes) else 409
