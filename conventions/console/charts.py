@@ -34,7 +34,7 @@ CHARTS: tuple[tuple[str, str, str], ...] = (
     ("retried", "Retried", "jobs"),
     (series.OLDEST, "Oldest waiting", "s"),
 )
-WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 560, 150, 44, 20, 8
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 360, 150, 40, 20, 8
 #: the most queues drawn in distinct colours (more share the last one)
 COLOURS = 8
 
