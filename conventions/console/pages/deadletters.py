@@ -47,8 +47,9 @@ from conventions.task import ConventionTask
 
 #: the records a page of the list shows
 PER_PAGE = 50
-#: the most records a list reads (newest first) before it filters, sorts and counts
-SCAN = 5000
+#: the most records a filtered or sorted list reads (newest first) before it filters,
+#: sorts and counts them
+SCAN = 1000
 #: the list's orders: name -> (record field, newest/largest first)
 SORTS = {
     "newest": ("last_failed_at", True),
@@ -102,8 +103,10 @@ def found_by(record: DeadLetter, text: str) -> bool:
     return any(str(value) == text for value in record.payload.values())
 
 
-def _records(app: Any, filters: Filters) -> tuple[list[DeadLetter], bool]:
-    """The records of the filters, sorted; and whether the scan stopped at its cap."""
+def _records(app: Any, filters: Filters, number: int) -> tuple[list[DeadLetter], int, bool]:
+    """Page ``number`` of the records of the filters, sorted; how many match; and whether
+    the scan stopped at its cap. The list as it opens (no filter, newest first) reads
+    only the records up to its page and counts them all with one call."""
     try:
         since = views.parse_since(filters.since)
     except ValueError as exc:
@@ -116,6 +119,11 @@ def _records(app: Any, filters: Filters) -> tuple[list[DeadLetter], bool]:
             raise Refused(400, f"no dead-letter category {filters.category!r}") from exc
     if filters.sort not in SORTS:
         raise Refused(400, f"no sort {filters.sort!r} ({', '.join(SORTS)})")
+    window = slice((number - 1) * PER_PAGE, number * PER_PAGE)
+    plain = not any((filters.task, category, since, filters.key, filters.q))
+    if plain and filters.sort == "newest":
+        newest = app.store.list_dead_letters(limit=number * PER_PAGE)
+        return newest[window], app.store.count_dead_letters(), False
     records = app.store.list_dead_letters(
         task=filters.task or None, category=category, since=since, limit=SCAN
     )
@@ -125,7 +133,8 @@ def _records(app: Any, filters: Filters) -> tuple[list[DeadLetter], bool]:
     if filters.q:
         records = [r for r in records if found_by(r, filters.q)]
     field, backwards = SORTS[filters.sort]
-    return sorted(records, key=lambda r: getattr(r, field), reverse=backwards), capped
+    ordered = sorted(records, key=lambda r: getattr(r, field), reverse=backwards)
+    return ordered[window], len(ordered), capped
 
 
 async def index(request: Request) -> Response:
@@ -136,9 +145,8 @@ async def index(request: Request) -> Response:
         *(q.get(name, default).strip() for name, default in asdict(Filters()).items())
     )
     number = page_number(filters.page)
-    records, capped = await run_in_threadpool(_records, app, filters)
-    pages = max(1, -(-len(records) // PER_PAGE))
-    shown_now = records[(number - 1) * PER_PAGE : number * PER_PAGE]
+    shown_now, count, capped = await run_in_threadpool(_records, app, filters, number)
+    pages = max(1, -(-count // PER_PAGE))
     tasks = sorted(name for name, t in app.tasks.items() if isinstance(t, ConventionTask))
     seen = [shown.dead_letter(app, r) for r in shown_now]
     rows = [
@@ -152,7 +160,7 @@ async def index(request: Request) -> Response:
         "tasks": tasks,
         "categories": [str(c) for c in Category],
         "when": views.when,
-        "count": len(records),
+        "count": count,
         "capped": capped,
         "scan": SCAN,
         "page": number,

@@ -137,12 +137,20 @@ def _running(app: Any) -> tuple[list[tuple[Run, dict[str, Any] | None]], list[tu
 
 
 def _page(app: Any, filters: Filters, number: int) -> dict[str, Any]:
+    """The page's parts. The list as it opens (no filter, newest first) reads only the
+    runs up to its page and counts them all with one call."""
     running, stuck = _running(app)
-    matching = _recent(app, filters)
-    recent = [shown.run(app, run) for run in matching[(number - 1) * PER_PAGE : number * PER_PAGE]]
+    window = slice((number - 1) * PER_PAGE, number * PER_PAGE)
+    plain = not any(v for k, v in asdict(filters).items() if k not in ("sort", "page"))
+    if plain and filters.sort == "newest":
+        page, capped = app.store.list_runs(limit=number * PER_PAGE)[window], False
+        count = int(app.store.count_runs())
+    else:
+        matching = _recent(app, filters)
+        page, count, capped = matching[window], len(matching), len(matching) >= SCAN
     return {
-        "recent": recent, "running": running, "stuck": stuck, "count": len(matching),
-        "capped": len(matching) >= SCAN, "pages": max(1, -(-len(matching) // PER_PAGE)),
+        "recent": [shown.run(app, run) for run in page], "running": running, "stuck": stuck,
+        "count": count, "capped": capped, "pages": max(1, -(-count // PER_PAGE)),
     }  # fmt: skip
 
 
