@@ -290,3 +290,15 @@ def test_runs_are_paged_counted_and_found_by_payload_id_or_either_key_form(base_
             listed = re.findall(r'<td class="mono"><a href="/runs/([0-9a-f]+)"', found.text)
             assert listed == [ids[7]], search
         assert error in http.get("/runs?q=c7").text  # the message column
+
+
+def test_the_watchdogs_run_takes_the_minutes_sample_on_a_real_worker() -> None:
+    """Beat runs the watchdog every minute: its run samples the queues, so the charts go
+    on while nobody has the console open."""
+    from conventions.schedules import watchdog
+
+    sampler._last.clear()  # the worker shares this process's guard (a thread worker)
+    at = datetime.now(UTC)
+    job = app.tasks[watchdog.TASK].delay(checked_at=at.isoformat())
+    job.get(timeout=20)
+    assert wait_for(lambda: series.read(app.store, at, datetime.now(UTC)), timeout=10)
