@@ -3,6 +3,7 @@
     conventions metrics serve [--port 9808] [--addr 127.0.0.1] [--consumers-every 15]
                               [--outbox-lag MODULE:FUNC]
     conventions queues [--json] [--watch] [--interval 2] [--count N]
+    conventions queues pause NAME --reason TEXT | resume NAME   (conventions.cli.queues)
 
 ``queues`` prints one row per queue: depth (jobs waiting), the oldest waiting job's age
 (counted from when it became due), its SLO; with the layer's Redis transport, the jobs
@@ -26,6 +27,7 @@ import click
 import redis
 
 from conventions.cli import backends
+from conventions.cli import queues as queue_actions
 from conventions.cli.base import REFUSED, Failure, Group, command, options_of
 from conventions.config import sentinel
 from conventions.observability import queues
@@ -242,5 +244,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     )  # fmt: skip
 
 
+@click.group("queues", cls=Group, invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="print JSON (one line per frame)")
+@click.option("--watch", is_flag=True, help="redraw every --interval")
+@click.option("--interval", type=float, default=2.0, metavar="SECONDS", show_default=True)
+@click.option("--count", type=int, default=0, metavar="N", help="stop after N frames")
+@click.pass_context
+def queues_group(ctx: click.Context, /, **params: Any) -> None:
+    """Depth, oldest job, delayed, in flight, consumers and rates of every queue; pause
+    and resume one (``queues pause NAME --reason ...``, ``queues resume NAME``)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(queues_command, **params)
+
+
+queues_group.add_command(queue_actions.pause_command)
+queues_group.add_command(queue_actions.resume_command)
+
 #: the commands this module adds to ``conventions``
-COMMANDS = (metrics_group, queues_command)
+COMMANDS = (metrics_group, queues_group)

@@ -3,26 +3,44 @@
     conventions runs list [--task T] [--state S] [--key K] [--correlation C] [--queue Q]
                           [--since WHEN] [--limit N] [--json]
     conventions runs show TASK_ID [--json]
+    conventions runs rerun TASK_ID --reason TEXT [--force] [--payload JSON] [--actor NAME]
 
 ``list`` prints the newest runs first (by when they were queued), filtered; ``show`` one
 run whole: its fields, each attempt (worker, start, end, outcome, scrubbed error) and,
 for a job that keeps them (``conventions.observability.runs.keep_logs``), its log lines.
 ``--key`` takes the key in either form: as the body sees it (``charge:inv_4004``) or as
 the store and dead letters keep it (``billing.charge_invoice:charge:inv_4004``); ``show``
-prints both. Exit status: 0 done, 1 no such run, 2 a usage error.
+prints both.
+``rerun`` publishes an ended job again on purpose (``conventions.ops.rerun``): refused
+while the ledger still holds its key (the new attempt would be skipped as a duplicate),
+unless ``--force`` clears the key first (audited with the actor and the reason).
+Exit status: 0 done, 1 no such run or a refused re-run, 2 a usage error.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from typing import Any
 
 import click
 
 from conventions.app import App
 from conventions.cli import format as fmt
-from conventions.cli.base import REFUSED, Failure, Group, Parsed, command, json_option, print_json
+from conventions.cli.base import (
+    REFUSED,
+    USAGE,
+    Failure,
+    Group,
+    Parsed,
+    actor_default,
+    command,
+    json_option,
+    print_json,
+)
 from conventions.config import durations
 from conventions.observability import shown
+from conventions.ops import rerun as rerunlib
 from conventions.store import key_forms
 from conventions.store.runs import STATES, Run
 
@@ -31,7 +49,7 @@ SINCE = Parsed(durations.parse_since, "WHEN")
 
 @click.group("runs", cls=Group)
 def runs_group() -> None:
-    """The run history: list, show."""
+    """The run history: list, show, rerun."""
 
 
 def runs_table(found: list[Run]) -> str:
@@ -126,7 +144,49 @@ def show_command(app: App, task_id: str, as_json: bool) -> int:
     return 0
 
 
-for _command in (list_command, show_command):
+def check_rerun(reason: str, payload: str | None, **_: object) -> None:
+    """Refuse a blank reason or a payload that is not a JSON object, before the app."""
+    if not reason.strip():
+        raise Failure("runs rerun: --reason must not be empty", USAGE)
+    if payload is not None:
+        try:
+            ok = isinstance(json.loads(payload), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise Failure("runs rerun: --payload must be a JSON object", USAGE)
+
+
+@command("rerun", before=check_rerun)
+@click.argument("task_id", metavar="TASK_ID")
+@click.option("--reason", required=True, help="why (kept in the audit trail)")
+@click.option("--force", is_flag=True, help="clear the key the ledger holds (audited), then run")
+@click.option("--payload", help="the payload as JSON, when its key does not name all of it")
+@click.option("--actor", default=actor_default, help="who re-runs (default: $USER, else 'cli')")
+@json_option
+def rerun_command(  # noqa: PLR0917
+    app: App, task_id: str, reason: str, force: bool, payload: str | None, actor: str,
+    as_json: bool,
+) -> int:  # fmt: skip
+    """Run an ended job again, on purpose (refused while the ledger holds its key)."""
+    given: dict[str, Any] | None = json.loads(payload) if payload is not None else None
+    try:
+        result = rerunlib.rerun(
+            app, task_id, reason=reason, actor=actor, force=force, payload=given
+        )
+    except (PermissionError, LookupError, ValueError) as exc:
+        raise Failure(str(exc), REFUSED) from exc
+    deduplicated = bool(getattr(result, "deduplicated", False))
+    if as_json:
+        print_json({"rerun_of": task_id, "task_id": str(result.id), "deduplicated": deduplicated})
+    elif deduplicated:
+        print(f"not published: its key is held by job {result.id}")
+    else:
+        print(f"re-run of {task_id} published as job {result.id} (by {actor})")
+    return REFUSED if deduplicated else 0
+
+
+for _command in (list_command, show_command, rerun_command):
     runs_group.add_command(_command)
 #: the commands this module adds to ``conventions``
 COMMANDS = (runs_group,)

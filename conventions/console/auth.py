@@ -6,7 +6,8 @@ of the request (Starlette's ``Request``; under a mount it carries the host's ses
 allowed in". Every action is attributed to that actor, never to a name the request
 declares. Three roles, each allowed what the one before is plus more (Oban Web's access
 levels): ``read-only`` sees everything and changes nothing, ``operator`` replays,
-triggers and pauses queues, ``admin`` also replays a task declared ``replayable=False``.
+triggers, pauses queues and discards dead letters, ``admin`` also replays a task
+declared ``replayable=False`` and re-runs a job that ended.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ ACTIONS: dict[str, Role] = {
     "replay": Role.OPERATOR,
     "trigger": Role.OPERATOR,
     "pause": Role.OPERATOR,
+    #: deleting dead letters (with a reason, audited)
+    "discard": Role.OPERATOR,
+    #: running a job again that ended (succeeded, say), with a reason, audited
+    "rerun": Role.ADMIN,
     #: replaying a task declared ``replayable=False``, or a record replayed already
     "force-replay": Role.ADMIN,
 }

@@ -141,6 +141,15 @@ async def submitted(request: Request, action: str) -> tuple[Principal, dict[str,
     return who, form
 
 
+def page_number(text: str) -> int:
+    """A list's page number from the query (1 when absent); a 400 for anything else."""
+    try:
+        number = int(text or "1")
+    except ValueError as exc:
+        raise Refused(400, f"page {text[:20]!r} is not a number") from exc
+    return max(number, 1)
+
+
 def first(form: Mapping[str, list[str]], name: str) -> str:
     return (form.get(name) or [""])[0].strip()
 

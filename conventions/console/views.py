@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,3 +48,46 @@ def scrubbed(value: Any) -> Any:
 def pretty(value: Any) -> str:
     """Scrubbed, indented JSON of ``value``."""
     return json.dumps(scrubbed(value), indent=2, sort_keys=True, default=str)
+
+
+#: the packages whose frames a traceback folds: the layer's own and Celery's plumbing
+LAYER_PACKAGES = ("conventions", "celery", "kombu", "billiard", "vine")
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+')
+
+
+def is_layer_frame(path: str) -> bool:
+    """Is ``path`` (a traceback's ``File "..."``) the layer's or Celery's code?"""
+    folders = path.replace("\\", "/").split("/")[:-1]
+    return any(folder in LAYER_PACKAGES for folder in folders)
+
+
+def frames(traceback: str) -> list[tuple[bool, str]]:
+    """``traceback`` cut into runs of lines: (folded, text), where folded runs are the
+    layer's and Celery's frames, so that the page opens on the user's code. The header
+    line and the exception lines stay unfolded."""
+    runs: list[tuple[bool, list[str]]] = []
+    folded = False
+    for line in traceback.splitlines():
+        found = _FRAME.match(line)
+        if found:
+            folded = is_layer_frame(found.group("path"))
+        elif not line.startswith((" ", "\t")):
+            folded = False  # "Traceback ...", "The above exception ...", "Error: ..."
+        if runs and runs[-1][0] == folded:
+            runs[-1][1].append(line)
+        else:
+            runs.append((folded, [line]))
+    return [(fold, "\n".join(lines)) for fold, lines in runs]
+
+
+def cause(exc_type: str, message: str, traceback: str) -> str:
+    """What went wrong, as the exception said it (``CardDeclined: card declined``): the
+    traceback's last exception line when there is one, else the type and the message."""
+    for line in reversed(traceback.strip().splitlines()):
+        if line and not line.startswith((" ", "\t")) and ":" in line:
+            head = line.split(":", 1)[0]
+            if head and " " not in head:
+                return line.strip()
+        if line.strip():
+            break
+    return f"{exc_type}: {message}" if message else exc_type

@@ -56,7 +56,11 @@ def register(app: Any, workload: str | None = None) -> ConventionTask:
     chosen = workload if workload is not None else default_workload(app)
 
     def watchdog(payload: WatchdogRun, ctx: JobContext) -> int:
-        """Check every expectation; return how many alarms were raised."""
+        """Check every expectation; return how many alarms were raised. Also takes the
+        queues' sample of this minute for the console's charts (``ops.sampler``)."""
+        from conventions.ops import sampler  # the broker reader: only where it runs
+
+        sampler.sample(app)
         return len(check(app, ctx.task_id))
 
     declare = app.job(TASK, payload=WatchdogRun, key="watchdog:{checked_at}", workload=chosen)

@@ -6,8 +6,10 @@ succeeds and the audit names the authorizer's actor; a read-only user has no rep
 button and a POST is refused by role; an operator's POST without the page's CSRF token
 is refused; hostile records run no script and break no policy; a schedule trigger
 double-clicked sends once; the queues page refreshes itself; a job's run appears on the
-runs page and its page shows its attempts. With ``CONSOLE_SCREENSHOTS=1`` the test
-writes each page's screenshot to docs/img/console-*.png (docs/howto/console.md shows them).
+runs page and its page shows its attempts; the queues' charts, the dead letters' search
+and discard, the runs' refresh, a re-run and the schedules' cadence in one session.
+With ``CONSOLE_SCREENSHOTS=1`` the test writes each page's screenshot to
+docs/img/console-*.png (docs/howto/console.md shows them).
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import pytest
 import uvicorn
 
 from conventions import bind
 from conventions.console import Principal, Role, console_app, csrf
+from conventions.store import series
 from conventions.store.records import AuditEvent, DeadLetter
 from tasks import app
 from tests.fixtures import tool_unavailable, unavailable
@@ -171,7 +176,6 @@ def test_a_dead_letter_is_replayed_from_the_page_and_its_run_succeeds(
     page = open_as("olivia@ops", "operator")
     page.goto("/dead-letters")
     page.get_by_role("link", name="testing.flaky.v1").first.wait_for()
-    shot(page, "dead-letters")
     page.locator(f'a[href="/dead-letters/{record.id}"]').click()
     page.get_by_text("provider refuses item").first.wait_for()
     shot(page, "dead-letter")
@@ -186,11 +190,82 @@ def test_a_dead_letter_is_replayed_from_the_page_and_its_run_succeeds(
     replayed = audit_event(record.correlation_id, "replayed", new_id)
     assert replayed.detail["actor"] == "olivia@ops"
     assert replayed.detail["reason"] == "provider fixed"
+    page.reload()  # the replay answered with a redirect: a reload replays nothing
+    page.locator(".outcome-replayed").wait_for()
+    events = app.store.audit_for(record.correlation_id)
+    assert [e.event for e in events].count("replayed") == 1
+    page.locator(".outcome-replayed a").first.click()  # back to the dead letter
+    page.locator("#replays").wait_for()
+    assert "olivia@ops" in page.locator("#replays").inner_text()
+    assert page.get_by_role("button", name="Replay").count() == 0
+    assert page.locator(f'#replays a[href="/runs/{new_id}"]').count() == 1
     audit_event(record.correlation_id, "succeeded", new_id)
     page.goto(f"/trace?correlation={record.correlation_id}")
     page.get_by_text("succeeded").first.wait_for()
     assert page.locator("li.job li.job").count() == 1  # the replay, under the failed job
     shot(page, "trace")
+
+
+def test_an_operator_works_the_charts_lists_runs_and_schedules_in_one_session(
+    open_as: Callable[..., Any],
+) -> None:
+    """The queues page opens on its charts; the dead letters are found by a bare key and
+    one is discarded from the list; the runs page refreshes itself; an admin re-runs a
+    succeeded job with force from its page; the schedules say their cadence in words.
+    No page reports a CSP violation."""
+    now = series.minute(datetime.now(UTC))
+    for back in range(30, 0, -1):  # half an hour of samples: a burst, then calm
+        done = 40 * (30 - back) + (300 if back < 10 else 0)
+        row = {"published": done, "succeeded": done, "failed": (30 - back) // 6,
+               "retried": (30 - back) // 3, "oldest": float(back % 7)}  # fmt: skip
+        heavy = {**row, "succeeded": done // 4, "oldest": float(back % 11) * 3}
+        series.record(app.store, now - timedelta(minutes=back), {"email": row, "heavy": heavy})
+    page = open_as("ada", "admin")
+    page.add_init_script(
+        "window.__csp = []; document.addEventListener('securitypolicyviolation', "
+        "(e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));"
+    )
+    page.goto("/queues")
+    assert page.locator("svg.chart").count() == 4
+    assert page.locator('svg.chart path[data-queue="email"]').count() >= 3
+    shot(page, "queues-charts")
+    assert page.evaluate("window.__csp") == []
+
+    records = [flaky_dead_letter(f"item{uuid.uuid4().hex[:8]}") for _ in range(2)]
+    bare = str(records[0].idempotency_key).split(":", 1)[1]  # flaky:<item>, as the body sees it
+    page.goto(f"/dead-letters?key={bare}")
+    assert page.locator("#dead-letters tbody tr").count() == 1
+    page.goto("/dead-letters")
+    page.locator(f'tr[data-record="{records[1].id}"] input[name="id"]').check()
+    page.get_by_label("Reason").fill("test items")
+    page.get_by_role("button", name="Discard selected").click()
+    page.locator("#done").wait_for()
+    assert "1 discarded" in page.locator("#done").inner_text()
+    assert app.store.get_dead_letter(records[1].id) is None
+    shot(page, "dead-letters")
+
+    job = support_runs.runs_retry.delay(item_id=f"item{uuid.uuid4().hex[:8]}")
+    assert job.get(timeout=WAIT) == "ok"
+    eventually(lambda: (run := app.store.get_run(job.id)) and not run.live, f"the run of {job.id}")
+    page.goto("/runs")
+    marker = page.locator("[data-refresh]")
+    updated = "el => el.textContent.startsWith('updated')"
+    page.wait_for_function(updated, arg=marker.element_handle())
+    page.goto(f"/runs/{job.id}")
+    page.locator("#rerun summary").click()
+    page.get_by_label("Reason").fill("customer asked")
+    page.get_by_label(re.compile("force")).check()
+    page.get_by_role("button", name="Re-run").click()
+    page.get_by_text("Re-run of").wait_for()
+    new_id = page.url.rsplit("/", 1)[1]
+    assert new_id != job.id
+    eventually(lambda: (run := app.store.get_run(new_id)) and run.state == "succeeded", "re-run")
+
+    page.goto("/schedules")
+    assert page.get_by_text("daily at 03:00 Asia/Bangkok").count() == 1
+    page.locator("#beat-down").wait_for()
+    shot(page, "schedules")
+    assert page.evaluate("window.__csp") == []
 
 
 def test_a_read_only_user_has_no_replay_and_a_forged_post_is_refused(
@@ -260,7 +335,8 @@ def test_hostile_records_run_no_script_and_break_no_policy_in_the_browser(
     pages = [
         "/queues", "/runs", f"/runs/{hostile.XSS_ID}", "/dead-letters",
         f"/dead-letters/{record.id}", "/schedules", f"/trace?correlation={hostile.XSS}",
-        f"/runs/{hostile.XSS_ID}x",
+        f"/runs/{hostile.XSS_ID}x", f"/dead-letters?q={quote(hostile.XSS)}&sort=task",
+        f"/runs?q={quote(hostile.XSS)}&key={quote(hostile.XSS)}",
     ]  # fmt: skip
     try:
         for path in pages:
@@ -281,7 +357,6 @@ def test_a_schedule_trigger_double_clicked_sends_once(open_as: Callable[..., Any
     page.goto("/schedules")
     row = page.locator("tr", has_text="watchdog")
     at = row.locator('input[name="at"]').get_attribute("value")
-    shot(page, "schedules")
     row.get_by_role("button", name="Trigger").dblclick()
     page.locator("#trigger-outcome").wait_for()
     from datetime import datetime

@@ -70,7 +70,7 @@ def base_url(services: None) -> Iterator[str]:
 
 def client(base_url: str, actor: str | None, role: str = "read-only") -> httpx.Client:
     headers = {"x-test-actor": actor, "x-test-role": role} if actor else {}
-    return httpx.Client(base_url=base_url, headers=headers, timeout=10)
+    return httpx.Client(base_url=base_url, headers=headers, timeout=10, follow_redirects=True)
 
 
 def eventually(find: Callable[[], T | None], what: str) -> T:
@@ -163,7 +163,8 @@ def test_an_operator_replays_a_dead_letter_with_a_reason_and_the_audit_names_the
             data={"id": record.id, "reason": "provider fixed", "csrf_token": token},
         )
     assert replayed.status_code == 200, replayed.text
-    (new_id,) = re.findall(r'<td class="mono">([0-9a-f-]{36})</td>', replayed.text)
+    linked = r'<td class="mono"><a href="/runs/[0-9a-f-]{36}">([0-9a-f-]{36})</a>'
+    (new_id,) = re.findall(linked, replayed.text)
     assert record.correlation_id
     audit = audit_event(record.correlation_id, "replayed", new_id)
     assert audit.detail["actor"] == "olivia@ops"

@@ -30,9 +30,11 @@ COMMAND_HEADING = re.compile(r"^#{2,4} `(conventions(?: [a-z-]+)*)`\s*$", re.M)
 def leaf_commands(
     command: click.Command, path: tuple[str, ...] = ("conventions",)
 ) -> Iterator[tuple[str, click.Command]]:
-    """Every runnable command (one without subcommands) and its click command."""
-    if not isinstance(command, click.Group):
+    """Every runnable command (one without subcommands, or a group that runs on its own:
+    ``conventions queues``) and its click command."""
+    if not isinstance(command, click.Group) or command.invoke_without_command:
         yield " ".join(path), command
+    if not isinstance(command, click.Group):
         return
     for name, sub in command.commands.items():
         yield from leaf_commands(sub, (*path, name))

@@ -10,6 +10,7 @@ asking the workers what they consume.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from conventions.console import charts
 from conventions.console.context import (
     Refused,
     console_of,
@@ -27,7 +29,8 @@ from conventions.console.context import (
 )
 from conventions.console.rates import Rates
 from conventions.observability import queues
-from conventions.ops import exporter, pauses, transport_view
+from conventions.ops import exporter, pauses, sampler, transport_view
+from conventions.store import series
 
 #: how long the page waits for the workers' replies about what they consume
 CONSUMERS_TIMEOUT = 0.5
@@ -56,15 +59,52 @@ def read(app: Any, rates: Rates) -> list[dict[str, Any]]:
         age, slo = row["oldest_age"], row["slo"]
         row["late"] = bool(age is not None and slo and age > slo)
         out.append(row)
+    sampler.sample(app, ages={state.queue: state.oldest_age for state in states})
     return out
+
+
+def drawn(app: Any, name: str, order: list[str]) -> list[dict[str, Any]]:
+    """The charts of the range ``name`` (``hour``, ``day``) as SVG, with their totals."""
+    if name not in charts.RANGES:
+        raise Refused(400, f"no chart range {name!r} (hour or day)")
+    until = datetime.now(UTC)
+    length, width = charts.RANGES[name]
+    samples = series.read(app.store, until - length - width, until)  # a bin more: its totals
+    queues_seen = order + sorted({q for _, row in samples for q in row} - set(order))
+    return [
+        {"title": c.title, "svg": charts.svg(c, queues_seen), "field": c.field,
+         "total": c.total, "peak": c.peak, "unit": c.unit}
+        for c in charts.charts(samples, until, name)
+    ]  # fmt: skip
 
 
 async def index(request: Request) -> Response:
     who = await require(request, "view")
     console = console_of(request)
     found = await run_in_threadpool(read, console.app, console.rates)
-    context = {"rows": found, "refresh": f"{console_of(request).refresh_seconds:g}"}
+    span = request.query_params.get("range", "hour")
+    order = queues.queue_names(console.app)
+    drawings = await run_in_threadpool(drawn, console.app, span, order)
+    context = {
+        "rows": found,
+        "refresh": f"{console_of(request).refresh_seconds:g}",
+        "charts": drawings,
+        "range": span,
+        "ranges": list(charts.RANGES),
+        "order": order,
+    }
     return render(request, who, "queues.html", context)
+
+
+async def chart_part(request: Request) -> Response:
+    """The charts alone (an HTML fragment), for the page's refresh of them."""
+    who = await require(request, "view")
+    console = console_of(request)
+    span = request.query_params.get("range", "hour")
+    order = queues.queue_names(console.app)
+    drawings = await run_in_threadpool(drawn, console.app, span, order)
+    context = {"charts": drawings, "range": span, "order": order}
+    return render(request, who, "charts.html", context)
 
 
 async def as_json(request: Request) -> Response:
@@ -103,4 +143,5 @@ ROUTES = [
     Route("/queues/resume", resume, methods=["POST"], name="resume"),
     Route("/queues", index, name="queues"),
     Route("/queues.json", as_json, name="queues_json"),
+    Route("/queues/charts", chart_part, name="queue_charts"),
 ]

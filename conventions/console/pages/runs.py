@@ -2,25 +2,40 @@
 
 The list shows the runs running now (with their progress), the stuck ones (running past
 their time limit, or with a lapsed ledger lease) and the recent runs, filtered by task,
-state, key, correlation id, queue and time. A run's page shows its fields, each attempt
-(worker, start, end, outcome, scrubbed error), its log lines (for jobs that keep them)
-and its children: the runs its body published (causation ``job:<its id>``).
+state, key (either form: ``billing.charge_invoice:charge:inv_4004`` or
+``charge:inv_4004``), correlation id, queue and time, paged, counted and sorted, with
+each run's last error; the page refreshes itself (``console.js``). A run's page shows its
+fields, each attempt (worker, start, end, outcome, scrubbed error), its log lines (for
+jobs that keep them) and its children: the runs its body published (causation
+``job:<its id>``). An admin re-runs an ended job from it (``conventions.ops.rerun``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from conventions.console import views
-from conventions.console.context import Refused, console_of, render, require
+from conventions.console.context import (
+    Refused,
+    base_path,
+    console_of,
+    first,
+    page_number,
+    render,
+    require,
+    submitted,
+)
 from conventions.observability import progress, shown
 from conventions.observability import runs as runlib
+from conventions.ops import rerun as rerunlib
 from conventions.store import key_forms
 from conventions.store.runs import STATES, Run
 from conventions.task import ConventionTask
@@ -29,6 +44,17 @@ from conventions.task import ConventionTask
 LIMIT = 200
 #: the most running runs looked at for progress and stuck (each is one more read)
 RUNNING = 100
+#: the runs a page of the list shows, and the most the list reads before it sorts
+PER_PAGE = 50
+SCAN = 1000
+#: the list's orders: name -> (a run's sort key, largest first)
+SORTS: dict[str, tuple[Callable[[Run], Any], bool]] = {
+    "newest": (lambda run: run.created_at, True),
+    "oldest": (lambda run: run.created_at, False),
+    "ended": (lambda run: run.ended_at or run.updated_at, True),
+    "task": (lambda run: run.task, False),
+    "attempts": (lambda run: len(run.attempts), True),
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +65,10 @@ class Filters:
     correlation: str = ""
     queue: str = ""
     since: str = ""
+    #: a run's id, its key (either form) or a part of its key (a payload id: ``inv_4004``)
+    q: str = ""
+    sort: str = "newest"
+    page: str = "1"
 
 
 def time_limit(app: Any, task: str) -> float | None:
@@ -58,12 +88,27 @@ def _recent(app: Any, filters: Filters) -> list[Run]:
         raise Refused(400, f"since {filters.since!r}: {exc} (try 30m, 2h, 7d or a date)") from exc
     if filters.state and filters.state not in STATES:
         raise Refused(400, f"no run state {filters.state!r}")
-    return key_forms.list_runs(  # the key in either form
+    if filters.sort not in SORTS:
+        raise Refused(400, f"no sort {filters.sort!r} ({', '.join(SORTS)})")
+    found = key_forms.list_runs(  # the key in either form
         app.store, key_forms.job_names(app), filters.key or None,
         task=filters.task or None, state=filters.state or None,
         correlation_id=filters.correlation or None, queue=filters.queue or None,
-        since=since, limit=LIMIT,
+        since=since, limit=SCAN,
     )  # fmt: skip
+    order, backwards = SORTS[filters.sort]
+    matching = [run for run in found if not filters.q or found_by(run, filters.q)]
+    return sorted(matching, key=order, reverse=backwards)
+
+
+def found_by(run: Run, text: str) -> bool:
+    """Does the search ``text`` name ``run``: its id, its correlation id, its key in
+    either form, or a part of its key between colons (a payload id: the key of
+    ``charge:{invoice_id}`` holds it)?"""
+    if text in (run.id, run.correlation_id):
+        return True
+    key = run.key or ""
+    return bool(key) and (key_forms.same_key(run.task, key, text) or text in key.split(":"))
 
 
 def _running(app: Any) -> tuple[list[tuple[Run, dict[str, Any] | None]], list[tuple[Run, str]]]:
@@ -74,10 +119,28 @@ def _running(app: Any) -> tuple[list[tuple[Run, dict[str, Any] | None]], list[tu
     return with_progress, stuck
 
 
-def _page(app: Any, filters: Filters) -> dict[str, Any]:
+def _page(app: Any, filters: Filters, number: int) -> dict[str, Any]:
+    """The page's parts. The list as it opens (no filter, newest first) reads only the
+    runs up to its page and counts them all with one call."""
     running, stuck = _running(app)
-    recent = [shown.run(app, run) for run in _recent(app, filters)]
-    return {"recent": recent, "running": running, "stuck": stuck}
+    window = slice((number - 1) * PER_PAGE, number * PER_PAGE)
+    plain = not any(v for k, v in asdict(filters).items() if k not in ("sort", "page"))
+    if plain and filters.sort == "newest":
+        page, capped = app.store.list_runs(limit=number * PER_PAGE)[window], False
+        count = int(app.store.count_runs())
+    else:
+        matching = _recent(app, filters)
+        page, count, capped = matching[window], len(matching), len(matching) >= SCAN
+    return {
+        "recent": [shown.run(app, run) for run in page], "running": running, "stuck": stuck,
+        "count": count, "capped": capped, "pages": max(1, -(-count // PER_PAGE)),
+    }  # fmt: skip
+
+
+def message(run: Run) -> str:
+    """The run's last error, first line (what its list shows)."""
+    errors = [a.error for a in run.attempts if a.error]
+    return errors[-1].strip().splitlines()[0] if errors and errors[-1].strip() else ""
 
 
 def running_json(run: Run, done: dict[str, Any] | None) -> dict[str, Any]:
@@ -93,17 +156,24 @@ async def index(request: Request) -> Response:
     console = console_of(request)
     app = console.app
     q = request.query_params
-    filters = Filters(*(q.get(name, "").strip() for name in asdict(Filters())))
-    found = await run_in_threadpool(_page, app, filters)
+    filters = Filters(
+        *(q.get(name, default).strip() for name, default in asdict(Filters()).items())
+    )
+    number = page_number(filters.page)
+    found = await run_in_threadpool(_page, app, filters, number)
     tasks = sorted(name for name, t in app.tasks.items() if isinstance(t, ConventionTask))
     context = {
         **found,
         "filters": filters,
-        "filtered": any(asdict(filters).values()),
+        "filtered": any(v for k, v in asdict(filters).items() if k not in ("sort", "page")),
+        "page": number,
+        "sorts": list(SORTS),
+        "link": lambda **change: _link(filters, change),
+        "message": message,
+        "scan": SCAN,
         "tasks": tasks,
         "states": STATES,
         "when": views.when,
-        "limit": LIMIT,
         "refresh": console.refresh_seconds,
     }
     return render(request, who, "runs.html", context)
@@ -150,11 +220,45 @@ async def detail(request: Request) -> Response:
     found = await run_in_threadpool(_detail, app, task_id)
     if found is None:
         raise Refused(404, f"no run {task_id!r} (never recorded, or past retention)")
-    return render(request, who, "run.html", {**found, "when": views.when})
+    context = {**found, "when": views.when, "rerunnable": found["run"].state in rerunlib.ENDED}
+    return render(request, who, "run.html", context)
+
+
+def _link(filters: Filters, change: dict[str, Any]) -> str:
+    values = {**asdict(filters), **{k: str(v) for k, v in change.items()}}
+    return "?" + urlencode({k: v for k, v in values.items() if v and (k, v) != ("page", "1")})
+
+
+def _rerun(app: Any, task_id: str, reason: str, actor: str, force: bool) -> str:
+    try:
+        result = rerunlib.rerun(app, task_id, reason=reason, actor=actor, force=force)
+    except rerunlib.RerunRefused as exc:
+        raise Refused(409, str(exc)) from exc
+    except LookupError as exc:
+        raise Refused(404, str(exc)) from exc
+    except ValueError as exc:
+        raise Refused(400, str(exc)) from exc
+    if getattr(result, "deduplicated", False):
+        raise Refused(409, f"not published: its key is still held by job {result.id}")
+    return str(result.id)
+
+
+async def rerun(request: Request) -> Response:
+    """Run an ended job again (an admin, with a reason); answers with a redirect to the
+    new job's run (a reload publishes nothing)."""
+    who, form = await submitted(request, "rerun")
+    task_id, reason = first(form, "task_id"), first(form, "reason")
+    force = first(form, "force") in ("1", "on", "yes", "true")
+    if not task_id or not reason:
+        raise Refused(400, "a re-run needs the run's id and a reason (kept in the audit)")
+    app = console_of(request).app
+    new_id = await run_in_threadpool(_rerun, app, task_id, reason, who.actor, force)
+    return RedirectResponse(f"{base_path(request)}/runs/{quote(new_id)}", status_code=303)
 
 
 ROUTES = [
     Route("/runs", index, name="runs"),
     Route("/runs.json", running, name="runs_json"),
+    Route("/runs/rerun", rerun, methods=["POST"], name="rerun"),
     Route("/runs/{task_id}", detail, name="run"),
 ]

@@ -1,4 +1,7 @@
-"""Schedules: the entries, their next and last occurrence, last success, watchdog state;
+"""Schedules: the entries, their cadence in words (``daily at 02:00 Europe/Berlin``), the
+next run as a time, the last occurrence, last success, watchdog state; a banner when
+beat looks down (an occurrence due over ``GRACE`` ago has no sent record: beat records
+every send) or when no worker consumes an entry's queue;
 send an occurrence now; pause and resume an entry (``conventions.schedules.pauses``: beat
 sends nothing of a paused entry; a trigger still sends the occurrence it names).
 
@@ -22,13 +25,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from conventions.console import views
+from conventions.console import cadence, views
 from conventions.console.context import Refused, console_of, first, render, require, submitted
 from conventions.errors import ConfigurationError
-from conventions.observability import audit
+from conventions.observability import audit, queues
+from conventions.ops import exporter
+from conventions.schedules import beat, overlap, pauses, triggers, watchdog
 from conventions.schedules import entries as schedules
-from conventions.schedules import overlap, pauses, triggers, watchdog
 from conventions.tracing import headers as hdr
+
+#: how late an occurrence may be sent before the page says beat looks down
+GRACE = dt.timedelta(minutes=2)
+#: how long the page waits for the workers' replies about what they consume
+CONSUMERS_TIMEOUT = 0.5
 
 
 def _watch(app: Any, entry: schedules.Entry, success: dict[str, Any] | None) -> str:
@@ -51,13 +60,18 @@ def rows(app: Any) -> list[dict[str, Any]]:
     for entry in schedules.entries_of(app):
         latest = entry.schedule.latest(current)
         success = overlap.last_success(app.store, entry.name)
+        coming = entry.occurrence(entry.schedule.next_after(current))
         out.append(
             {
                 "name": entry.name,
                 "task": entry.task,
                 "schedule": repr(entry.schedule),
+                "cadence": cadence.words(entry.schedule),
+                "next_at": f"{coming.local:%Y-%m-%d %H:%M} {coming.local.tzname() or ''}",
+                "next_in": cadence.until(coming.at, current),
+                "unsent": _unsent(app, entry, current),
                 "overlap": entry.overlap,
-                "next": entry.occurrence(entry.schedule.next_after(current)).label,
+                "next": coming.label,
                 "last": entry.occurrence(latest).label if latest else "-",
                 "last_at": latest.isoformat() if latest else "",
                 "last_success": (success or {}).get("occurrence"),
@@ -68,10 +82,40 @@ def rows(app: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _unsent(app: Any, entry: schedules.Entry, current: dt.datetime) -> str:
+    """The label of the entry's latest occurrence when it was due over ``GRACE`` ago and
+    beat never sent it (its sent record is absent), else ''. A paused entry: ''."""
+    latest = entry.schedule.latest(current)
+    if latest is None or current - latest < GRACE:
+        return ""
+    if pauses.ENTRIES.get(app.store, entry.name) is not None:
+        return ""
+    occurrence = entry.occurrence(latest)
+    return "" if app.store.get_state(beat.sent_key(occurrence)) else occurrence.label
+
+
+def unconsumed(app: Any, entries: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Queue -> the entries sending to it, for each queue no worker consumes (asked by
+    broadcast, as the queues page does)."""
+    task_queues = exporter.queue_of_tasks(app)
+    consumers = queues.consumers(app, timeout=CONSUMERS_TIMEOUT)
+    out: dict[str, list[str]] = {}
+    for row in entries:
+        queue = task_queues.get(row["task"])
+        if queue is not None and not consumers.get(queue):
+            out.setdefault(queue, []).append(row["name"])
+    return out
+
+
+def _page(app: Any) -> dict[str, Any]:
+    found = rows(app)
+    return {"rows": found, "unconsumed": unconsumed(app, found) if found else {}}
+
+
 async def index(request: Request) -> Response:
     who = await require(request, "view")
-    found = await run_in_threadpool(rows, console_of(request).app)
-    return render(request, who, "schedules.html", {"rows": found, "when": views.when})
+    found = await run_in_threadpool(_page, console_of(request).app)
+    return render(request, who, "schedules.html", {**found, "when": views.when})
 
 
 def _trigger(app: Any, name: str, at: str, actor: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 // The console's progressive enhancement: every page works without it.
 // - a form's submit buttons are disabled once it is sent (a double click sends once;
 //   the server does not rely on it: replays and triggers are idempotent there too);
-// - "select all" boxes; the queues table refreshes itself from its JSON endpoint.
+// - "select all" boxes; the queues table refreshes itself from its JSON endpoint, its
+//   charts from their fragment, the runs page from its own address.
 "use strict";
 document.addEventListener("submit", (event) => {
   const form = event.target;
@@ -56,25 +57,42 @@ function live(marker) {
   setInterval(refresh, every);
 }
 document.querySelectorAll("[data-live]").forEach(live);
-// The runs page: the progress of the running runs refreshes itself (a finished run
-// keeps its last reading until the page is loaded again).
-function liveRuns(marker) {
+// The runs page: its live parts (running, stuck, the recent list) are fetched again with
+// the page's own address and swapped in, unless the operator is typing in one of them.
+function refresher(marker) {
   const every = Number(marker.dataset.every || 5) * 1000;
+  const targets = marker.dataset.refresh.split(",");
   const refresh = async () => {
+    if (document.hidden) return;
+    const active = document.activeElement;
+    if (active && active.closest && targets.some((t) => active.closest(t))) return;
     try {
-      const reply = await fetch(marker.dataset.liveRuns, { headers: { accept: "application/json" } });
+      const reply = await fetch(window.location.href, { headers: { accept: "text/html" } });
       if (!reply.ok) throw new Error(String(reply.status));
-      const data = await reply.json();
-      for (const run of data.running) {
-        const cell = document.querySelector(`tr[data-run="${CSS.escape(run.id)}"] [data-field="progress"]`);
-        const p = run.progress;
-        if (cell && p) cell.textContent = p.total ? `${p.done}/${p.total}` : String(p.done);
+      const fresh = new DOMParser().parseFromString(await reply.text(), "text/html");
+      for (const selector of targets) {
+        const now = document.querySelector(selector);
+        const next = fresh.querySelector(selector);
+        if (now && next) now.replaceWith(document.importNode(next, true));
       }
-      marker.textContent = `${data.running.length} · updated ${new Date().toLocaleTimeString()}`;
+      marker.textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (error) {
-      marker.textContent = `not updated (${error.message})`;
+      marker.textContent = `not updated (${error.message}): showing the last reading`;
     }
   };
   setInterval(refresh, every);
 }
-document.querySelectorAll("[data-live-runs]").forEach(liveRuns);
+document.querySelectorAll("[data-refresh]").forEach(refresher);
+// The queues' charts: the server draws them; the fragment is fetched again each minute.
+function liveCharts(section) {
+  const every = Number(section.dataset.every || 60) * 1000;
+  setInterval(async () => {
+    try {
+      const reply = await fetch(section.dataset.charts, { headers: { accept: "text/html" } });
+      if (reply.ok) section.innerHTML = await reply.text();
+    } catch (error) {
+      // keep the last drawing
+    }
+  }, every);
+}
+document.querySelectorAll("[data-charts]").forEach(liveCharts);

@@ -1,0 +1,77 @@
+"""``conventions queues pause|resume``: stop the fleet taking from a queue, and let it again.
+
+    conventions queues pause NAME --reason TEXT [--actor NAME] [--json]
+    conventions queues resume NAME [--actor NAME] [--json]
+
+The console's pause and resume from the command line (``conventions.ops.pauses``): a
+pause broadcasts ``cancel_consumer`` and keeps who, when and why in the store (a worker
+started meanwhile does not consume the queue either); a resume tells those workers to
+consume it again. Both are audited: ``conventions trace queue:NAME``. Exit status: 0
+done, 1 a queue the app does not declare, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import click
+
+from conventions.app import App
+from conventions.cli.base import (
+    REFUSED,
+    USAGE,
+    Failure,
+    actor_default,
+    command,
+    json_option,
+    print_json,
+)
+from conventions.observability import queues
+from conventions.ops import pauses
+
+
+def _known(app: App, queue: str) -> None:
+    names = queues.queue_names(app)
+    if queue not in names:
+        raise Failure(f"no queue {queue!r} in this app (its queues: {', '.join(names)})", REFUSED)
+
+
+def check_pause(reason: str, **_: object) -> None:
+    if not reason.strip():
+        raise Failure("queues pause: --reason must not be empty", USAGE)
+
+
+@command("pause", before=check_pause)
+@click.argument("queue", metavar="NAME")
+@click.option("--reason", required=True, help="why (kept in the audit trail)")
+@click.option("--actor", default=actor_default, help="who pauses (default: $USER, else 'cli')")
+@json_option
+def pause_command(app: App, queue: str, reason: str, actor: str, as_json: bool) -> int:
+    """Stop every worker taking from the queue (its running jobs finish)."""
+    _known(app, queue)
+    document = pauses.pause(app, queue, actor=actor, reason=reason)
+    if as_json:
+        print_json(document)
+    else:
+        workers = document["workers"]
+        print(
+            f"{queue} paused by {actor}: {len(workers)} worker(s) stopped taking from it"
+            + (f" ({', '.join(workers)})" if workers else "")
+        )
+    return 0
+
+
+@command("resume")
+@click.argument("queue", metavar="NAME")
+@click.option("--actor", default=actor_default, help="who resumes (default: $USER, else 'cli')")
+@json_option
+def resume_command(app: App, queue: str, actor: str, as_json: bool) -> int:
+    """Let the workers that were paused take from the queue again."""
+    _known(app, queue)
+    was = pauses.QUEUES.get(app.store, queue)
+    workers = pauses.resume(app, queue, actor=actor)
+    if as_json:
+        print_json({"queue": queue, "was_paused": was is not None, "workers": workers})
+    elif was is None:
+        print(f"{queue} was not paused")
+    else:
+        print(f"{queue} resumed by {actor}: {len(workers)} worker(s) take from it again")
+    return 0
