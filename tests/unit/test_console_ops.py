@@ -7,10 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from conventions.console import cadence, charts, views
-from conventions.console.pages.deadletters import key_matches
 from conventions.ops.rerun import payload_from_key
 from conventions.schedules import cadence as schedule_cadence
 from conventions.store import series
+from conventions.store.key_forms import same_key as key_matches
 from tasks import app
 
 TRACEBACK = """Traceback (most recent call last):
