@@ -119,11 +119,18 @@ class Trips:
         #: the (address, port) of clients whose commands are the bench's own (its poll)
         self.ignore: set[tuple[str, str]] = set()
         self._stop = False
+        self._listening = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Trips:
+        """Once ``MONITOR`` is listening: pings until it has seen one (a command sent
+        before that would go uncounted)."""
         self._thread.start()
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while not self._listening.wait(0.05):
+            self.client.ping()
+            if time.monotonic() > deadline:
+                raise TimeoutError("MONITOR saw nothing in 30 s")
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -135,6 +142,7 @@ class Trips:
         in_transaction: set[tuple[str, str]] = set()  # clients between MULTI and EXEC
         with self.client.monitor() as monitor:
             for command in monitor.listen():
+                self._listening.set()
                 if self._stop:
                     return
                 name = str(command.get("command", "")).split(" ", 1)[0].lower()
