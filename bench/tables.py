@@ -29,7 +29,7 @@ GOALS = {"conv/raw": "<= 1.3"}
 def caption(data: dict[str, Any]) -> str:
     """Which run a table shows: command, commit, date, cores, load."""
     load = data["load"]
-    noisy = "" if load["quiet"] else ", shared: CPU figures noisy"
+    noisy = "" if load["quiet"] else ", a shared machine: times and CPU figures are noisy"
     start = " / ".join(f"{x:g}" for x in load["start"])
     end = " / ".join(f"{x:g}" for x in load["end"])
     dirty = " (with uncommitted changes)" if data["commit"].endswith("-dirty") else ""
@@ -141,7 +141,8 @@ def scale_keep(data: dict[str, Any], variant: str = "conv") -> list[str]:
             continue
         cap = "-" if k.cap is None else f"{k.cap:,}"
         ttl, stays = _life(k.ttl_seconds), _life(k.lifetime_seconds)
-        lines.append(f"| {k.kind} | {k.keys / jobs:.2f} | {k.bytes_per_job:,.0f} | {k.encoding} "
+        share = f"{k.keys / jobs:.2f}" if k.keys * 100 >= jobs else f"{k.keys} shared"
+        lines.append(f"| {k.kind} | {share} | {k.bytes_per_job:,.0f} | {k.encoding} "
                      f"| {ttl} | {stays} | {cap} |")  # fmt: skip
     lines += [
         f"| **in all** | | **{summary['bytes_per_job']:,.0f}** | | | | |",

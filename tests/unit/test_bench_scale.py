@@ -93,7 +93,7 @@ def test_the_costs_table_has_a_row_per_phase_and_says_which_run() -> None:
         "phases": [_phase("conv", "publish", 150.4), _phase("raw", "run", 99.6)],
     }  # fmt: skip
     lines = tables.scale_costs(data)
-    assert "commit `0123456789`" in lines[0] and "shared: CPU figures noisy" in lines[0]
+    assert "commit `0123456789`" in lines[0] and "times and CPU figures are noisy" in lines[0]
     cells = [c.strip() for c in lines[4].strip("|").split("|")]
     assert cells == ["`conv`: the layer, reliable profile", "publish", "2.00", "20.0", "150"]
     assert len(lines) == 6
