@@ -103,14 +103,17 @@ def _name(variant: str, amqp: str | None) -> str:
 
 
 def _median(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The first round's phases with the median CPU, commands and bytes of all rounds."""
+    """The first round's phases (its round trips) with the median CPU (Redis's and
+    RabbitMQ's), commands and bytes of all rounds."""
     out = []
     for n, first in enumerate(runs[0]["phases"]):
         row = dict(first)
         every = [run["phases"][n] for run in runs]
         row["cpu_rounds"] = [p["redis_cpu_us"] for p in every]
-        for name in ("redis_cpu_us", "redis_commands", "redis_bytes", "seconds"):
-            row[name] = round(statistics.median(p[name] for p in every), 2)
+        for name in ("redis_cpu_us", "redis_commands", "redis_bytes", "seconds",
+                     "rabbitmq_cpu_us"):  # fmt: skip
+            values = [p[name] for p in every if p[name] is not None]
+            row[name] = round(statistics.median(values), 2) if values else None
         out.append(row)
     return out
 
