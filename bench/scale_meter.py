@@ -12,6 +12,7 @@ import collections
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,10 @@ class Trips:
         self.ignore: set[tuple[str, str]] = set()
         self._stop = False
         self._listening = threading.Event()
+        #: a phase's end: the marker ``take`` sends, and what was counted up to it
+        self._marker = ""
+        self._marked = threading.Event()
+        self._taken: collections.Counter[str] = collections.Counter()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Trips:
@@ -145,7 +150,12 @@ class Trips:
                 self._listening.set()
                 if self._stop:
                     return
-                name = str(command.get("command", "")).split(" ", 1)[0].lower()
+                line = str(command.get("command", ""))
+                name = line.split(" ", 1)[0].lower()
+                if name == "echo" and self._marker and self._marker in line:
+                    self._taken, self.count = self.count, collections.Counter()
+                    self._marked.set()
+                    continue
                 if command.get("client_type") == "lua" or name == "info":
                     continue
                 # a MULTI ... EXEC pipeline is written at once: one trip, counted as its
@@ -162,5 +172,10 @@ class Trips:
                     self.count[name] += 1
 
     def take(self) -> collections.Counter[str]:
-        count, self.count = self.count, collections.Counter()
-        return count
+        """What was counted since the last take: up to a marker (``ECHO``) sent now, so
+        that the lines ``MONITOR`` has not delivered yet fall in this phase, not the next."""
+        self._marker, self._marked = uuid.uuid4().hex, threading.Event()
+        self.client.echo(self._marker)
+        if not self._marked.wait(30):
+            raise TimeoutError("MONITOR did not deliver the phase's marker in 30 s")
+        return self._taken
