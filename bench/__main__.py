@@ -109,7 +109,9 @@ def main(argv: list[str]) -> int:
 
     sizes = QUICK if args.quick else FULL
     rounds = args.rounds or sizes.rounds
-    report = Report(command=command_line(args))
+    from bench import results
+
+    report = Report(command=command_line(args), load_at_start=results.load())
     client = redis.Redis.from_url(common.url())
     runs = {
         "publish": lambda: publish.section(report, client, n=sizes.publish, rounds=rounds),

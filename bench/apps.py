@@ -5,7 +5,8 @@ lost, prefetch 1, events on, results with ``result_extended``, ``track_started``
 changes only its routing, so that each variant has its own queue on the same Redis
 database and several workers can stay up side by side. ``lean`` also turns off what a
 job's caller rarely reads: stored results, the STARTED state and the "sent" event;
-``tuned`` adds Celery's default prefetch (4 per process) to that, still with late acks.
+``tuned`` adds Celery's default prefetch (4 per process) to that, still with late acks;
+``conv_noruns`` is the reliable profile without run history (``bench.scale`` weighs it).
 The job body does nothing: what is measured is the cost of the machinery around it, the
 worst case for the ratio.
 
@@ -31,6 +32,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lean_fast": common.LEAN,
     "tuned": common.TUNED,
     "quiet": common.QUIET,
+    "conv_noruns": {"conventions_runs_enabled": False},
 }
 
 
@@ -78,3 +80,4 @@ conv_hiredis = make("conv_hiredis")
 lean_fast = make("lean_fast")
 tuned = make("tuned")
 quiet = make("quiet")
+conv_noruns = make("conv_noruns")

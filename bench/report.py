@@ -2,12 +2,13 @@
 
 Each row is one comparison with its median (a ratio of two variants measured in the
 same rounds, or a time), the target it answers to when there is one, and a note with
-the raw medians. ``docs/discussions/performance.md`` is written from this output.
+the raw medians. ``--json`` keeps the rows with the run's commit, date and load
+(:mod:`bench.results`); ``python -m bench.docs`` makes the performance page's table from
+that file.
 """
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 import platform
@@ -58,6 +59,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     profile: list[str] = field(default_factory=list)
     command: str = ""
+    #: the load average when the run started (:func:`bench.results.load`)
+    load_at_start: dict[str, object] | None = None
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
@@ -66,14 +69,16 @@ class Report:
         return render(self)
 
     def save(self, path: Path) -> None:
+        from bench import results
+
         data = {
-            "command": self.command,
+            **results.meta(self.command, self.load_at_start),
             "machine": machine(),
             "rows": [asdict(row) | {"verdict": row.verdict()} for row in self.rows],
             "notes": self.notes,
             "profile": self.profile,
         }
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        results.write(path, data)
 
 
 def machine() -> str:

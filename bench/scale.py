@@ -1,302 +1,181 @@
-"""``python -m bench.scale [--jobs N] [--amqp URL]``: what one job costs the servers.
+"""``python -m bench.scale [--jobs N] [--rounds R] [--out FILE] [--amqp URL]``: what one
+job costs the servers, the layer beside raw Celery.
 
-The figures the at-scale page (``docs/discussions/at-scale.md``) multiplies out to 100
-workers and 10,000 jobs/s: per job, the Redis commands and the Redis CPU time of its
-publish and of its run, and the bytes it leaves behind; on RabbitMQ (``--amqp``), the
-broker's CPU time per job (``beam.smp``'s user + system time from ``/proc``, so it runs
-as a user who may read RabbitMQ's process) and the store's Redis commands per job.
+The figures the at-scale page (``docs/discussions/at-scale.md``) multiplies out and the
+performance page compares: per job, the Redis round trips, commands and CPU time of its
+publish and of its run, and the bytes it leaves behind by kind of key and how long they
+stay (:mod:`bench.keep`); on RabbitMQ (``--amqp``), the broker's CPU time per job
+(``beam.smp``'s, from ``/proc``: run as a user who may read RabbitMQ's process).
 
-Each figure is a difference of the server's own counters (``INFO commandstats``,
-``INFO cpu``, ``INFO memory``; ``/proc/<pid>/stat``) taken around one phase, on a
-``redis-server`` of the run's own (nothing else talks to it): ``publish`` (``N``
-``.delay()`` calls, no worker up), then ``run`` (one prefork worker, ``-c 2``, drains
-them; its idle fetches and keeper beats are counted in). Not a speed test: a cost count.
-RabbitMQ's node is shared with whatever else runs on the machine: run it on a quiet one.
+The variants (:data:`VARIANTS`): the layer's reliable profile (``conv``), ``quiet``, the
+reliable profile without run history (``conv_noruns``: what run history costs), raw
+Celery with the same reliable settings (``raw``) and raw Celery's defaults
+(``default``). The audit trail cannot be turned off (no setting does), so its cost has no
+row. Each variant runs in a process of its own (:mod:`bench.scale_run`) against one
+``redis-server`` of this run's own (nothing else talks to it); the variants take turns,
+round after round, and a CPU figure is the median of its rounds. Not a speed test: a cost
+count. ``--out`` writes the result file the docs' tables are made from
+(``bench/results/scale.json``, :mod:`bench.docs`), with the commit and the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
+import statistics
 import subprocess
 import sys
-import threading
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import common, procs
+from bench import common, results, scale_run
+from bench.scale_meter import Meter, Phase, Trips, beam_cpu, beam_pid
+
+__all__ = ["Meter", "Phase", "Trips", "beam_cpu", "beam_pid", "main"]
 
 #: the jobs per measured phase unless ``--jobs`` says otherwise
 DEFAULT_JOBS = 2000
-#: the measured variants of :mod:`bench.apps`: the reliable profile, and ``quiet`` (no
-#: stored results, no STARTED state, no task events, prefetch 4)
-VARIANTS = ("conv", "quiet")
+#: the rounds (each variant once per round) unless ``--rounds`` says otherwise
+DEFAULT_ROUNDS = 2
+#: the measured variants, in the order of the tables
+VARIANTS = ("conv", "raw", "quiet", "default", "conv_noruns")
+#: also on RabbitMQ (``--amqp``): the layer's variants (raw Celery's apps are Redis's)
+AMQP_VARIANTS = ("conv", "quiet")
+#: the comparisons the result file keeps: (name, variant, against)
+RATIOS = (
+    ("conv/raw", "conv", "raw"),
+    ("quiet/default", "quiet", "default"),
+    ("conv_noruns/conv", "conv_noruns", "conv"),
+)
 
 
-@dataclass
-class Phase:
-    """One phase's cost per job, from the servers' counters."""
+def child(variant: str, jobs: int, amqp: str | None, trips: bool) -> dict[str, Any]:
+    """One variant's phases, measured in this process (``--variant``)."""
+    import redis
 
-    phase: str
-    broker: str
-    variant: str
-    jobs: int
-    seconds: float
-    #: Redis commands per job, those run inside scripts included
-    redis_commands: float
-    #: Redis round trips per job: commands sent by a client (a script is one, a MULTI/EXEC
-    #: pipeline is one), counted by ``MONITOR`` in a second, smaller pass (MONITOR's own
-    #: cost stays out of the CPU)
-    redis_trips: float | None
-    #: Redis CPU (user + system) per job, microseconds
-    redis_cpu_us: float
-    #: RabbitMQ CPU (user + system) per job, microseconds (None on Redis)
-    rabbitmq_cpu_us: float | None
-    #: Redis memory the phase left per job, bytes (audit, run history, ledger, results)
-    redis_bytes: float
-    #: the commands behind ``redis_commands``, per job, the busiest first
-    commands: dict[str, float]
-    #: the commands behind ``redis_trips``, per job, the busiest first
-    trips: dict[str, float] = field(default_factory=dict)
+    client = redis.Redis.from_url(common.url())
+    found = scale_run.measure(client, variant, jobs, amqp, trips)
+    return {"phases": [asdict(p) for p in found["phases"]], "keep": found["keep"]}
 
 
-def _counters(client: Any) -> tuple[dict[str, int], float, int]:
-    stats = client.info("commandstats")
-    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-    cpu = client.info("cpu")
-    used = int(client.info("memory")["used_memory"])
-    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), used
+def _spawn(variant: str, jobs: int, amqp: str | None, trips: bool) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "bench.scale", "--variant", variant, "--jobs", str(jobs)]
+    argv += ["--trips"] if trips else []
+    argv += ["--amqp", amqp] if amqp else []
+    out = subprocess.run(
+        argv, cwd=common.ROOT, env=scale_run.env(None), capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"bench.scale --variant {variant} failed:\n{out.stderr[-4000:]}")
+    found: dict[str, Any] = json.loads(out.stdout)
+    return found
 
 
-def beam_pid() -> int | None:
-    """The RabbitMQ node's Erlang VM on this machine, or None."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "beam.smp":
-                    return int(entry.name)
-            except OSError:
-                continue
-    return None
-
-
-def beam_cpu(pid: int | None) -> float | None:
-    """Seconds of CPU (user + system) the process has used."""
-    if pid is None:
-        return None
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Meter:
-    """The counters before a phase, and its cost per job after it."""
-
-    def __init__(self, client: Any, broker: str, variant: str, pid: int | None) -> None:
-        self.client, self.broker, self.variant, self.pid = client, broker, variant, pid
-        self.client.config_resetstat()
-        self.start = _counters(client)
-        self.beam = beam_cpu(pid)
-        self.t0 = time.monotonic()
-
-    def done(self, phase: str, jobs: int, trips: Trips | None = None) -> Phase:
-        seconds = time.monotonic() - self.t0
-        calls, cpu, used = _counters(self.client)
-        before, cpu0, used0 = self.start
-        delta = {k: v - before.get(k, 0) for k, v in calls.items()}
-        delta.pop("config|resetstat", None)
-        delta.pop("info", None)
-        beam = beam_cpu(self.pid)
-        rabbit = None if beam is None or self.beam is None else (beam - self.beam) / jobs * 1e6
-        per = {k: round(v / jobs, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])}
-        found = Phase(
-            phase, self.broker, self.variant, jobs, round(seconds, 2),
-            round(sum(delta.values()) / jobs, 2), None, round((cpu - cpu0) / jobs * 1e6, 1),
-            None if rabbit is None else round(rabbit, 1), round((used - used0) / jobs, 1),
-            {k: v for k, v in per.items() if v >= 0.01},
-        )  # fmt: skip
-        if trips is not None:
-            sent = trips.take()
-            found.redis_trips = round(sum(sent.values()) / jobs, 2)
-            found.trips = {k: round(v / jobs, 2) for k, v in sent.most_common() if v / jobs >= 0.01}
-        return found
-
-
-def _env(amqp: str | None) -> dict[str, str]:
-    env = common.env()
-    if amqp:
-        env["CELERY_BROKER_URL"] = amqp
-    return env
-
-
-def measure(jobs: int, amqp: str | None) -> list[Phase]:
-    """For each variant: publish ``jobs``, then drain them with one worker, on a Redis of
-    this run's own (the apps read its URL once, at import); the cost of each phase; then
-    the round trips of a tenth as many, counted."""
+def measure(jobs: int, rounds: int, amqp: str | None) -> dict[str, Any]:
+    """Every variant's phases, ``rounds`` times in turn on one Redis of this run's own
+    (then the layer's on RabbitMQ, with ``amqp``); the round trips and the bytes left
+    from the first round."""
     from bench.idle import own_redis
 
-    out: list[Phase] = []
+    plans = [(v, None) for v in VARIANTS] + [(v, amqp) for v in AMQP_VARIANTS if amqp]
+    seen: dict[str, list[dict[str, Any]]] = {_name(*plan): [] for plan in plans}
     with own_redis() as client:
         port = client.connection_pool.connection_kwargs["port"]
         os.environ["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-        for variant in VARIANTS:
-            phases = _measure(client, jobs, amqp, variant, "a")
-            with Trips(port) as trips:
-                counted = _measure(client, max(100, jobs // 10), amqp, variant, "b", trips)
-            for phase, seen in zip(phases, counted, strict=True):
-                phase.redis_trips, phase.trips = seen.redis_trips, seen.trips
-            out += phases
+        for i in range(rounds):
+            for variant, broker in plans[i % len(plans) :] + plans[: i % len(plans)]:
+                print(f"# round {i + 1}: {_name(variant, broker)}", file=sys.stderr, flush=True)
+                found = _spawn(variant, jobs, broker, trips=i == 0)
+                seen[_name(variant, broker)].append(found)
+    phases = [_median(runs) for runs in seen.values()]
+    return {
+        "phases": [row for pair in phases for row in pair],
+        "keep": {v: runs[0]["keep"] for v, runs in seen.items() if "@" not in v},
+        "ratios": _ratios(seen),
+    }
+
+
+def _name(variant: str, amqp: str | None) -> str:
+    return f"{variant}@rabbitmq" if amqp else variant
+
+
+def _median(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first round's phases (its round trips) with the median CPU (Redis's and
+    RabbitMQ's), commands and bytes of all rounds."""
+    out = []
+    for n, first in enumerate(runs[0]["phases"]):
+        row = dict(first)
+        every = [run["phases"][n] for run in runs]
+        row["cpu_rounds"] = [p["redis_cpu_us"] for p in every]
+        for name in ("redis_cpu_us", "redis_commands", "redis_bytes", "seconds",
+                     "rabbitmq_cpu_us"):  # fmt: skip
+            values = [p[name] for p in every if p[name] is not None]
+            row[name] = round(statistics.median(values), 2) if values else None
+        out.append(row)
     return out
 
 
-class Trips:
-    """Counts the commands clients send (``MONITOR``: a script is one line, the
-    commands it runs are marked ``lua``) from a thread, per phase."""
+def _ratios(seen: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each comparison of :data:`RATIOS`: Redis CPU, commands and round trips per job of
+    a whole job (publish + run), the CPU as the median of the per-round ratios."""
 
-    def __init__(self, port: int) -> None:
-        import redis
+    def per_job(run: dict[str, Any], name: str) -> float:
+        return float(sum(p[name] or 0 for p in run["phases"]))
 
-        self.client = redis.Redis(port=port)
-        self.count: collections.Counter[str] = collections.Counter()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Trips:
-        self._thread.start()
-        time.sleep(0.2)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop = True
-        self.client.ping()  # one more line: the monitor loop sees the stop
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        in_transaction: set[tuple[Any, Any]] = set()  # clients between MULTI and EXEC
-        with self.client.monitor() as monitor:
-            for command in monitor.listen():
-                if self._stop:
-                    return
-                name = str(command.get("command", "")).split(" ", 1)[0].lower()
-                if command.get("client_type") == "lua" or name == "info":
-                    continue
-                # a MULTI ... EXEC pipeline is written at once: one trip, counted as its
-                # EXEC (MONITOR shows each command of it, MULTI too)
-                client = (command.get("client_address"), command.get("client_port"))
-                if name == "multi":
-                    in_transaction.add(client)
-                elif name in ("exec", "discard"):
-                    in_transaction.discard(client)
-                    self.count["exec"] += 1
-                elif client not in in_transaction:
-                    self.count[name] += 1
-
-    def take(self) -> collections.Counter[str]:
-        count, self.count = self.count, collections.Counter()
-        return count
-
-
-def _measure(  # noqa: PLR0917
-    client: Any, jobs: int, amqp: str | None, variant: str, run: str,
-    trips: Trips | None = None,
-) -> list[Phase]:  # fmt: skip
-    os.environ.update({k: v for k, v in _env(amqp).items() if k != "PYTHONPATH"})
-    from bench import apps
-
-    client.flushdb()
-    task = getattr(apps, variant).tasks[apps.task_name(variant)]
-    broker = "rabbitmq" if amqp else "redis"
-    pid = beam_pid() if amqp else None
-    task.delay(order_id=f"warm{run}")  # connections made and the queue declared first
-    meter = Meter(client, broker, variant, pid)
-    if trips is not None:
-        trips.take()
-    for n in range(jobs):
-        task.delay(order_id=f"o{run}{n}")
-    published = meter.done("publish", jobs, trips)
-    worker = _worker(amqp, variant)
-    try:
-        meter = Meter(client, broker, variant, pid)  # the worker's start is part of its cost
-        worker.wait_ready()
-        _drained(jobs + 1)
-        ran = meter.done("run", jobs, trips)
-    finally:
-        worker.stop()
-    if worker.errors():
-        raise RuntimeError("the worker logged errors:\n" + "\n".join(worker.errors()[:20]))
-    return [published, ran]
-
-
-def _worker(amqp: str | None, variant: str) -> procs.Worker:
-    from bench import apps
-
-    name = f"scale_{variant}"
-    ready = procs.LOG_DIR / f"{name}.ready"
-    argv = [
-        common.python(), "-m", "bench.launch", "--no-hiredis", "--ready", str(ready), "--",
-        "-A", f"bench.apps:{variant}", "worker", "-P", "prefork", "-c", "2",
-        "-Q", apps.queue(variant), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
-        "--without-heartbeat", "--loglevel=WARNING",
-    ]  # fmt: skip
-    return procs.Worker(name, argv, ready, env=_env(amqp))
-
-
-def _drained(jobs: int, timeout: float = 600) -> None:
-    """Until the store counted ``jobs`` succeeded runs (the audit's counters)."""
-    from conventions.store import counts, open_store
-
-    store = open_store(common.url())
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            events = counts.events(store.counters())
-            if sum(n for (event, _), n in events.items() if event == "succeeded") >= jobs:
-                return
-            time.sleep(0.2)
-    finally:
-        store.close()
-    raise TimeoutError(f"{jobs} jobs not drained in {timeout:.0f}s")
+    out = []
+    for label, a, b in RATIOS:
+        if a not in seen or b not in seen:
+            continue
+        cpu = [per_job(x, "redis_cpu_us") / per_job(y, "redis_cpu_us")
+               for x, y in zip(seen[a], seen[b], strict=True)]  # fmt: skip
+        first_a, first_b = seen[a][0], seen[b][0]
+        out.append({
+            "ratio": label,
+            "cpu": round(statistics.median(cpu), 2),
+            "cpu_rounds": [round(r, 2) for r in cpu],
+            "commands": round(per_job(first_a, "redis_commands")
+                              / per_job(first_b, "redis_commands"), 2),
+            "trips": round(per_job(first_a, "redis_trips") / per_job(first_b, "redis_trips"), 2),
+        })  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale")
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS)
-    parser.add_argument("--amqp", help="also measure on this RabbitMQ (amqp://...)")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only-amqp", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--amqp", help="also measure the layer on this RabbitMQ (amqp://...)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--out", type=Path, help="write the result file here (with its run)")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in a child
+    parser.add_argument("--trips", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.only_amqp:  # the RabbitMQ half, in a process of its own (see below)
-        _print(measure(args.jobs, args.only_amqp), as_json=True)
+    if args.variant:
+        print(json.dumps(child(args.variant, args.jobs, args.amqp, args.trips)))
         return 0
-    phases = measure(args.jobs, None)
-    if args.amqp:  # a process of its own: the app reads its broker at import
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.scale", "--jobs", str(args.jobs), "--json",
-             "--only-amqp", args.amqp],
-            cwd=common.ROOT, env=_env(None), capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        phases += [Phase(**row) for row in json.loads(out.stdout)]
-    _print(phases, args.json)
+    start = results.load()
+    found = measure(args.jobs, max(1, args.rounds), args.amqp)
+    command = " ".join(["python -m bench.scale", *(argv if argv is not None else sys.argv[1:])])
+    data = {**results.meta(command, start), "jobs": args.jobs, "rounds": args.rounds, **found}
+    data["notes"] = [
+        "The audit trail cannot be turned off (no setting does): its cost is inside every "
+        "row of the layer.",
+        *([] if data["load"]["quiet"] else [
+            "The machine was shared (load average at or above half its cores): the CPU "
+            "figures are noisy; the round trips and commands are not."]),
+    ]  # fmt: skip
+    if args.out:
+        results.write(args.out, data)
+    if args.json:
+        print(json.dumps(data))
+    else:
+        from bench import tables
+
+        print("\n".join(tables.scale_text(data)))
     return 0
-
-
-def _print(phases: list[Phase], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps([asdict(p) for p in phases]))
-        return
-    print("| broker | variant | phase | jobs | Redis trips/job | Redis cmds/job | Redis CPU us/job "
-          "| RabbitMQ CPU us/job | Redis bytes/job | sent per job | run per job |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for p in phases:
-        top = ", ".join(f"{k} {v:g}" for k, v in list(p.commands.items())[:5])
-        sent = ", ".join(f"{k} {v:g}" for k, v in list(p.trips.items())[:6])
-        rabbit = "-" if p.rabbitmq_cpu_us is None else f"{p.rabbitmq_cpu_us:g}"
-        cells = [p.broker, p.variant, p.phase, p.jobs, p.redis_trips, f"{p.redis_commands:g}",
-                 f"{p.redis_cpu_us:g}", rabbit, f"{p.redis_bytes:,.0f}", sent, top]  # fmt: skip
-        print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-
-import pytest
+from dataclasses import asdict
 
 from bench import scale
 
@@ -54,14 +53,50 @@ def test_a_phase_is_the_counters_difference_per_job() -> None:
     assert phase.rabbitmq_cpu_us is None and phase.redis_trips is None
 
 
-def test_the_table_has_a_row_per_phase(capsys: pytest.CaptureFixture[str]) -> None:
-    phase = scale.Phase("publish", "redis", "conv", 10, 1.0, 2.0, 1.0, 100.0, None, 50.0,
-                        {"evalsha": 1.0}, {"evalsha": 1.0})  # fmt: skip
-    scale._print([phase], as_json=False)
-    rows = capsys.readouterr().out.splitlines()
-    cells = [c.strip() for c in rows[2].strip("|").split("|")]
-    assert cells == ["redis", "conv", "publish", "10", "1.0", "2", "100", "-", "50",
-                     "evalsha 1", "evalsha 1"]  # fmt: skip
+def _phase(variant: str, phase: str, cpu: float, trips: float = 2.0) -> dict[str, object]:
+    row = scale.Phase(phase, "redis", variant, 10, 1.0, 20.0, trips, cpu, None, 50.0,
+                      {"evalsha": 1.0}, {"evalsha": 1.0})  # fmt: skip
+    return asdict(row)
+
+
+def test_the_whole_job_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    def run(publish: float, ran: float) -> dict[str, object]:
+        return {"phases": [_phase("x", "publish", publish), _phase("x", "run", ran)]}
+
+    seen = {
+        "conv": [run(100, 500), run(100, 700), run(100, 300)],
+        "raw": [run(50, 250), run(50, 250), run(50, 250)],
+    }
+    (ratio,) = scale._ratios(seen)
+    assert ratio["ratio"] == "conv/raw"
+    assert ratio["cpu_rounds"] == [2.0, 2.67, 1.33]
+    assert ratio["cpu"] == 2.0  # the median round, not the first
+    assert (ratio["commands"], ratio["trips"]) == (1.0, 1.0)
+
+
+def test_a_variant_s_phases_keep_the_first_round_s_trips_and_the_median_cpu() -> None:
+    first = {"phases": [_phase("conv", "publish", 300, trips=2.0)]}
+    second = {"phases": [_phase("conv", "publish", 100, trips=0.0)]}
+    third = {"phases": [_phase("conv", "publish", 200, trips=0.0)]}
+    (row,) = scale._median([first, second, third])
+    assert row["redis_cpu_us"] == 200 and row["cpu_rounds"] == [300, 100, 200]
+    assert row["redis_trips"] == 2.0
+
+
+def test_the_costs_table_has_a_row_per_phase_and_says_which_run() -> None:
+    from bench import tables
+
+    data = {
+        "command": "python -m bench.scale", "commit": "0123456789abcdef",
+        "date": "2026-12-02T05:00:00Z",
+        "cores": 2, "load": {"start": [3.0, 2.0, 1.0], "end": [1.0, 1.0, 1.0], "quiet": False},
+        "phases": [_phase("conv", "publish", 150.4), _phase("raw", "run", 99.6)],
+    }  # fmt: skip
+    lines = tables.scale_costs(data)
+    assert "commit `0123456789`" in lines[0] and "times and CPU figures are noisy" in lines[0]
+    cells = [c.strip() for c in lines[4].strip("|").split("|")]
+    assert cells == ["`conv`: the layer, reliable profile", "publish", "2.00", "20.0", "150"]
+    assert len(lines) == 6
 
 
 def test_the_rabbitmq_rows_are_rate_ratios_of_the_same_rounds() -> None:

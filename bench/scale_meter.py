@@ -1,0 +1,181 @@
+"""The counters ``bench.scale`` reads around a phase, and its cost per job from them.
+
+Each figure is a difference of the server's own counters (``INFO commandstats``,
+``INFO cpu``, ``INFO memory``; ``/proc/<pid>/stat`` for RabbitMQ's ``beam.smp``) taken
+around one phase; the round trips are the commands clients send, counted with
+``MONITOR`` in a pass of their own (MONITOR's cost stays out of the CPU figures).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Phase:
+    """One phase's cost per job, from the servers' counters."""
+
+    phase: str
+    broker: str
+    variant: str
+    jobs: int
+    seconds: float
+    #: Redis commands per job, those run inside scripts included
+    redis_commands: float
+    #: Redis round trips per job: commands sent by a client (a script is one, a MULTI/EXEC
+    #: pipeline is one), counted by ``MONITOR`` in a second, smaller pass (MONITOR's own
+    #: cost stays out of the CPU)
+    redis_trips: float | None
+    #: Redis CPU (user + system) per job, microseconds
+    redis_cpu_us: float
+    #: RabbitMQ CPU (user + system) per job, microseconds (None on Redis)
+    rabbitmq_cpu_us: float | None
+    #: Redis memory the phase left per job, bytes (audit, run history, ledger, results)
+    redis_bytes: float
+    #: the commands behind ``redis_commands``, per job, the busiest first
+    commands: dict[str, float]
+    #: the commands behind ``redis_trips``, per job, the busiest first
+    trips: dict[str, float] = field(default_factory=dict)
+    #: ``redis_cpu_us`` of each round (``redis_cpu_us`` is their median)
+    cpu_rounds: list[float] = field(default_factory=list)
+
+
+def _counters(client: Any) -> tuple[dict[str, int], float, int]:
+    stats = client.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    cpu = client.info("cpu")
+    used = int(client.info("memory")["used_memory"])
+    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), used
+
+
+def beam_pid() -> int | None:
+    """The RabbitMQ node's Erlang VM on this machine, or None."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "beam.smp":
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def beam_cpu(pid: int | None) -> float | None:
+    """Seconds of CPU (user + system) the process has used."""
+    if pid is None:
+        return None
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """The counters before a phase, and its cost per job after it."""
+
+    def __init__(self, client: Any, broker: str, variant: str, pid: int | None) -> None:
+        self.client, self.broker, self.variant, self.pid = client, broker, variant, pid
+        self.client.config_resetstat()
+        self.start = _counters(client)
+        self.beam = beam_cpu(pid)
+        self.t0 = time.monotonic()
+
+    def done(self, phase: str, jobs: int, trips: Trips | None = None) -> Phase:
+        seconds = time.monotonic() - self.t0
+        calls, cpu, used = _counters(self.client)
+        before, cpu0, used0 = self.start
+        delta = {k: v - before.get(k, 0) for k, v in calls.items()}
+        delta.pop("config|resetstat", None)
+        delta.pop("info", None)
+        beam = beam_cpu(self.pid)
+        rabbit = None if beam is None or self.beam is None else (beam - self.beam) / jobs * 1e6
+        per = {k: round(v / jobs, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])}
+        found = Phase(
+            phase, self.broker, self.variant, jobs, round(seconds, 2),
+            round(sum(delta.values()) / jobs, 2), None, round((cpu - cpu0) / jobs * 1e6, 1),
+            None if rabbit is None else round(rabbit, 1), round((used - used0) / jobs, 1),
+            {k: v for k, v in per.items() if v >= 0.01},
+        )  # fmt: skip
+        if trips is not None:
+            sent = trips.take()
+            found.redis_trips = round(sum(sent.values()) / jobs, 2)
+            found.trips = {k: round(v / jobs, 2) for k, v in sent.most_common() if v / jobs >= 0.01}
+        return found
+
+
+class Trips:
+    """Counts the commands clients send (``MONITOR``: a script is one line, the
+    commands it runs are marked ``lua``) from a thread, per phase."""
+
+    def __init__(self, port: int) -> None:
+        import redis
+
+        self.client = redis.Redis(port=port)
+        self.count: collections.Counter[str] = collections.Counter()
+        #: the (address, port) of clients whose commands are the bench's own (its poll)
+        self.ignore: set[tuple[str, str]] = set()
+        self._stop = False
+        self._listening = threading.Event()
+        #: a phase's end: the marker ``take`` sends, and what was counted up to it
+        self._marker = ""
+        self._marked = threading.Event()
+        self._taken: collections.Counter[str] = collections.Counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Trips:
+        """Once ``MONITOR`` is listening: pings until it has seen one (a command sent
+        before that would go uncounted)."""
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._listening.wait(0.05):
+            self.client.ping()
+            if time.monotonic() > deadline:
+                raise TimeoutError("MONITOR saw nothing in 30 s")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop = True
+        self.client.ping()  # one more line: the monitor loop sees the stop
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        in_transaction: set[tuple[str, str]] = set()  # clients between MULTI and EXEC
+        with self.client.monitor() as monitor:
+            for command in monitor.listen():
+                self._listening.set()
+                if self._stop:
+                    return
+                line = str(command.get("command", ""))
+                name = line.split(" ", 1)[0].lower()
+                if name == "echo" and self._marker and self._marker in line:
+                    self._taken, self.count = self.count, collections.Counter()
+                    self._marked.set()
+                    continue
+                if command.get("client_type") == "lua" or name == "info":
+                    continue
+                # a MULTI ... EXEC pipeline is written at once: one trip, counted as its
+                # EXEC (MONITOR shows each command of it, MULTI too)
+                client = (str(command.get("client_address")), str(command.get("client_port")))
+                if client in self.ignore:
+                    continue
+                if name == "multi":
+                    in_transaction.add(client)
+                elif name in ("exec", "discard"):
+                    in_transaction.discard(client)
+                    self.count["exec"] += 1
+                elif client not in in_transaction:
+                    self.count[name] += 1
+
+    def take(self) -> collections.Counter[str]:
+        """What was counted since the last take: up to a marker (``ECHO``) sent now, so
+        that the lines ``MONITOR`` has not delivered yet fall in this phase, not the next."""
+        self._marker, self._marked = uuid.uuid4().hex, threading.Event()
+        self.client.echo(self._marker)
+        if not self._marked.wait(30):
+            raise TimeoutError("MONITOR did not deliver the phase's marker in 30 s")
+        return self._taken
