@@ -7,21 +7,26 @@ message, so the order of delivery is the order of the fetches.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 from kombu import Connection, Exchange, Producer, Queue
 
+from conventions import App, Id, JobContext, Payload
+from conventions.config.profile import reliable
+from conventions.jobs import priority
 from conventions.transport import priorities
-from tests.conftest import BROKER_DB, REDIS_BASE
+from conventions.transport.layout import PRIORITY_SEP
+from tests.conftest import BROKER_DB, REDIS_BASE, STORE_DB
 from tests.integration.test_broker import consume
 
 URL = f"{REDIS_BASE}/{BROKER_DB}"
-STEPS = [0, 3, 6]
 #: the weighted cycle's length for three steps: the lowest is looked at first once in it
 CYCLE = 7
-OPTIONS = {"priority_steps": STEPS, "recovery_timeout": 2, "fetch_wait": 0.05}
+OPTIONS = {"priority_steps": priority.STEPS, "recovery_timeout": 2, "fetch_wait": 0.05}
 
 
 @pytest.fixture
@@ -40,7 +45,7 @@ def queue() -> Queue:
 
 def publish(connection: Connection, queue: Queue, level: str, count: int) -> None:
     producer = Producer(connection.default_channel)
-    step = {"high": 0, "normal": 3, "low": 6}[level]
+    step = priority.REDIS_STEPS[level]
     for n in range(count):
         producer.publish({"level": level, "n": n}, exchange=queue.exchange,
                          routing_key=queue.routing_key, declare=[queue], priority=step)  # fmt: skip
@@ -84,3 +89,40 @@ def test_with_nothing_higher_waiting_a_lower_step_is_served_at_once(
     got = consume(connection, [queue], 5)
 
     assert [body["n"] for body in got] == [0, 1, 2, 3, 4]
+
+
+class Note(Payload):
+    note_id: Id
+
+
+def test_a_jobs_level_and_its_workloads_decide_the_list_its_message_waits_in(
+    broker_redis: redis.Redis, clean_store: redis.Redis
+) -> None:
+    lane = f"lane-{uuid.uuid4().hex[:6]}"
+    app = App(f"levels-{lane}", set_as_current=False)
+    app.conf.update(
+        reliable(broker_url=URL, store_url=f"{REDIS_BASE}/{STORE_DB}",
+                 broker_transport_options={"priority_steps": priority.STEPS}),
+        conventions_workloads={"notes": lane, "urgent": lane},
+        conventions_workload_priorities={"urgent": "high"},
+    )  # fmt: skip
+
+    @app.job("testing.note_later.v1", payload=Note, key="later:{note_id}", workload="notes",
+             priority="low")  # fmt: skip
+    def later(payload: Note, ctx: JobContext) -> None: ...  # pragma: no cover (never run)
+
+    @app.job("testing.note_now.v1", payload=Note, key="now:{note_id}", workload="urgent")
+    def now(payload: Note, ctx: JobContext) -> None: ...  # pragma: no cover (never run)
+
+    low_list = f"{lane}{PRIORITY_SEP}6"
+    try:
+        low, high = later.delay(note_id="n_1"), now.delay(note_id="n_2")
+        assert [json.loads(raw)["headers"]["id"] for raw in broker_redis.lrange(lane, 0, -1)] == [
+            high.id
+        ]
+        assert [json.loads(r)["headers"]["id"] for r in broker_redis.lrange(low_list, 0, -1)] == [
+            low.id
+        ]
+    finally:
+        broker_redis.delete(lane, low_list)
+        app.close()
