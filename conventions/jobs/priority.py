@@ -30,6 +30,8 @@ LEVELS = ("high", "normal", "low")
 REDIS_STEPS: Mapping[str, int] = {"high": 0, "normal": 3, "low": 6}
 #: the ``priority_steps`` that keep the three levels apart on Redis
 STEPS = [0, 3, 6]
+#: kombu's step -> its level, with :data:`STEPS`
+STEP_NAMES: Mapping[int, str] = {step: level for level, step in REDIS_STEPS.items()}
 #: level -> the message priority on RabbitMQ (the largest is the highest)
 AMQP_PRIORITIES: Mapping[str, int] = {"high": 9, "normal": 4, "low": 0}
 
