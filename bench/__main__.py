@@ -1,7 +1,7 @@
 """``python -m bench [SECTION ...] [--quick]``: the benchmarks against raw Celery and peers.
 
 Sections (all by default, in this order): ``publish``, ``drain``, ``options``,
-``latency``, ``transport``, ``idle``, ``peers``, ``growth``, ``store``, ``profile``,
+``latency``, ``transport``, ``priorities``, ``idle``, ``peers``, ``growth``, ``store``, ``profile``,
 ``rabbitmq`` (the layer against raw Celery on RabbitMQ: ``BENCH_AMQP_URL``). Every
 comparison is interleaved (A B A B ..., at least 5 rounds) and reported as the median of
 its per-round ratios: the machines are shared and noisy, absolute times are not.
@@ -24,6 +24,7 @@ SECTIONS = (
     "options",
     "latency",
     "transport",
+    "priorities",
     "idle",
     "peers",
     "growth",
@@ -100,6 +101,7 @@ def main(argv: list[str]) -> int:
         idle,
         latency,
         peers,
+        priorities,
         profile,
         publish,
         rabbitmq,
@@ -121,6 +123,7 @@ def main(argv: list[str]) -> int:
         "transport": lambda: transport_section.section(
             report, client, n=sizes.options, rounds=rounds
         ),
+        "priorities": lambda: priorities.section(report, client, n=sizes.options, rounds=rounds),
         "idle": lambda: idle.section(report, client, seconds=5 if args.quick else 10),
         "peers": lambda: peers.section(report, client, n=sizes.peers, rounds=rounds),
         "growth": lambda: growth.section(

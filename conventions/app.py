@@ -20,6 +20,7 @@ from conventions.capacity import backpressure
 from conventions.config import settings
 from conventions.config.capacity import check_uses
 from conventions.errors import ConfigurationError
+from conventions.jobs import priority as jobpriority
 from conventions.jobs import routing
 from conventions.jobs.backoff import Backoff
 from conventions.jobs.contract import Contract, KeyTemplate
@@ -148,6 +149,7 @@ class App(Celery):  # type: ignore[misc]
         overflow: str = "raise",
         key_override: bool = False,
         keep_logs: bool = False,
+        priority: str | None = None,
     ) -> Callable[[Callable[..., Any]], ConventionTask]:
         """Declare a convention task: ``@app.job("email.send_receipt.v1", payload=...,
         key="receipt:{order_id}", workload="email")`` over ``def body(payload, ctx)``.
@@ -158,6 +160,9 @@ class App(Celery):  # type: ignore[misc]
         ``key_override=True``: a call may give the key (``idempotency_key=``) and the
         worker takes the one the message carries; off (the default), the key is always
         the one ``key`` derives from the payload (docs/howto/idempotency.md).
+
+        ``priority="high"``: its messages' level (high, normal, low) over its
+        workload's (``conventions_workload_priorities``; :mod:`conventions.jobs.priority`).
 
         ``keep_logs=True``: the log lines of each run are kept, scrubbed and capped, in its
         run record (``conventions.observability.runs.keep_logs``; the console's run page).
@@ -178,6 +183,8 @@ class App(Celery):  # type: ignore[misc]
                     f"{contract.name}: dedup, key_override and overflow change what a "
                     "publish does: declare them in the Contract, which the publisher shares"
                 )
+            if priority is not None:  # the publisher has only the Contract
+                raise ConfigurationError(f"{contract.name}: {jobpriority.NOT_IN_CONTRACT}")
             name, payload, key, workload = (
                 contract.name, contract.payload, contract.key, contract.workload
             )  # fmt: skip
@@ -191,6 +198,7 @@ class App(Celery):  # type: ignore[misc]
             )
         check_definition(self, name, payload, key, workload, time_limit=time_limit)
         check_exclusive(name, payload, exclusive)
+        priority_level = jobpriority.check_level(name, priority, self.conf)
         if dedup not in ("until_done", "forever", None) and not isinstance(dedup, int | float):
             raise ConfigurationError(
                 f"{name}: dedup must be 'until_done', 'forever', a TTL in seconds, or None"
@@ -223,6 +231,7 @@ class App(Celery):  # type: ignore[misc]
             "uses": tuple(uses),
             "overflow": overflow,
             "key_override": bool(key_override),
+            "priority_level": priority_level,
         }
 
         def decorate(fun: Callable[..., Any]) -> ConventionTask:

@@ -88,6 +88,8 @@ class ConventionTask(Task):  # type: ignore[misc]
     decisions: ClassVar[DecisionTable] = DEFAULT_TABLE
     #: a lock template over payload fields: one job per lock runs at a time (or None)
     exclusive: ClassVar[str | None] = None
+    #: the level of its messages, over its workload's (conventions.jobs.priority)
+    priority_level: ClassVar[str | None] = None
     #: called with (payload, ctx) before the body when the last attempt was uncertain
     reconcile: ClassVar[Callable[..., Any] | None] = None
     #: for an upcaster: turns this task's payload into ``upcast_into``'s payload

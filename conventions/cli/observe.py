@@ -232,10 +232,22 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
+def _level_cells(queue: str, level: dict[str, Any]) -> tuple[str, ...]:
+    """A priority level's line under its queue's: ``email[low]``, its depth and age."""
+    age = _age(level["oldest_age"], "header" if level["depth"] else "empty")
+    return (f"{queue}[{level['priority']}]", str(level["depth"]), age,
+            *("-" for _ in HEADER[3:]))  # fmt: skip
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The terminal table of ``queues``; an age over its SLO is marked ``!``, and a next
-    due time in the past (a delayed job nobody moved yet) is negative."""
-    lines = [HEADER, *(_cells(row) for row in rows)]
+    due time in the past (a delayed job nobody moved yet) is negative. With priority
+    steps, each level's depth and age are on a line of their own under their queue's
+    (``email[low]``)."""
+    lines: list[tuple[str, ...]] = [HEADER]
+    for row in rows:
+        lines.append(_cells(row))
+        lines += [_level_cells(row["queue"], level) for level in row.get("levels") or ()]
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
     return "\n".join(
         "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in

@@ -14,6 +14,8 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
+from conventions.jobs import priority
+
 #: the workloads known when a project declares none: two lanes, light and heavy
 DEFAULT_WORKLOADS: Mapping[str, str] = {"email": "email", "light": "email", "heavy": "heavy"}
 
@@ -58,7 +60,10 @@ class WorkloadRouter:
     """A Celery router: sends each convention task to its workload's queue.
 
     Used as ``task_routes = (WorkloadRouter(WORKLOADS),)``; tasks without a declared
-    workload fall through to Celery's other routes and the default queue.
+    workload fall through to Celery's other routes and the default queue. A job with a
+    priority level (its own, else its workload's: :mod:`conventions.jobs.priority`) is
+    routed with that level's message priority on the app's broker; a call's own
+    ``priority=`` wins over the route's.
     """
 
     def __init__(self, mapping: Mapping[str, str]) -> None:
@@ -72,11 +77,15 @@ class WorkloadRouter:
         options: Any,
         task: Any = None,
         **kw: Any,
-    ) -> dict[str, str] | None:
+    ) -> dict[str, Any] | None:
         workload = getattr(task, "workload", None)
         if workload is None:
             return None
         queue = self.mapping.get(workload)
         if queue is None:
             return None
-        return {"queue": queue, "routing_key": queue}
+        route: dict[str, Any] = {"queue": queue, "routing_key": queue}
+        level = priority.level_of(task, workload)
+        if level is not None:
+            route["priority"] = priority.message_priority(task.app.conf, level)
+        return route

@@ -47,6 +47,8 @@ from kombu import Connection
 from conventions.config import sentinel
 from conventions.config.profile import is_amqp
 from conventions.jobs import routing
+from conventions.observability import levels
+from conventions.observability.levels import LevelState
 from conventions.tracing import headers as hdr
 
 #: kombu's defaults for the Redis transport (``broker_transport_options`` may change them)
@@ -105,6 +107,8 @@ class QueueState:
     clock_skew: float | None = None
     #: why a figure is unknown (RabbitMQ: the oldest job's age), None when all is known
     note: str | None = None
+    #: each priority step's depth and oldest age, highest first (none with one step)
+    levels: tuple[LevelState, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,6 +219,9 @@ class BrokerQueues:
             state = self._state(queue, sum(int(n) for n in chunk[0::2]), heads, now, wall)
             if consumers is not None:
                 state = replace(state, consumers=consumers.get(queue, 0))
+            if len(self.priority_steps) > 1:
+                dues = [_head(head)[0] for head in heads]
+                state = replace(state, levels=levels.read(self.priority_steps, chunk, dues, now))
             out.append(state)
         return out if self.holdings is None else self._with(self.holdings, out)
 

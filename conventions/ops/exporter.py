@@ -84,6 +84,8 @@ GAUGES: Mapping[str, tuple[tuple[str, ...], str]] = {
     "broker_up": ((), "1 when the last broker read succeeded, else 0"),
     "queue_depth": (("queue",), "jobs waiting in the queue, every priority included"),
     "queue_oldest_age_seconds": (("queue",), "how long the oldest waiting job has been due"),
+    "queue_priority_depth": (("queue", "priority"), "jobs waiting at one priority level"),
+    "queue_priority_oldest_age_seconds": (("queue", "priority"), "oldest wait at one level"),
     "queue_consumers": (("queue",), "workers consuming the queue"),
     "queue_delayed": (("queue",), "jobs not yet due, in the transport's delayed set"),
     "queue_delayed_next_due_age_seconds": (
@@ -276,7 +278,19 @@ class Exporter:
         for name, seconds in self.slos.items():
             slo.add_metric([name], seconds)
         yield from (up, depth, age, consumed, slo)
+        yield from self._level_metrics(states)
         yield from self._held_metrics(states)
+
+    def _level_metrics(self, states: list[queues.QueueState]) -> Iterator[Metric]:
+        """Each priority level's depth and age: a starved level shows (absent with one step)."""
+        depth = self._gauge("queue_priority_depth")
+        age = self._gauge("queue_priority_oldest_age_seconds")
+        for state in states:
+            for level in state.levels:
+                depth.add_metric([state.queue, level.priority], level.depth)
+                if level.oldest_age is not None or level.depth == 0:
+                    age.add_metric([state.queue, level.priority], level.oldest_age or 0.0)
+        yield from (depth, age)
 
     def _held_metrics(self, states: list[queues.QueueState]) -> Iterator[Metric]:
         """What the transport holds beside the queues (absent with kombu's stock one)."""

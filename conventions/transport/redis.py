@@ -82,7 +82,7 @@ from redis.exceptions import ResponseError
 from conventions.config.sentinel import REPLICA_WAIT_MS, Replicated, replicas_wanted
 from conventions.errors import ConfigurationError
 from conventions.tracing import headers as hdr
-from conventions.transport import delayed, envelope, liveness, sentinel
+from conventions.transport import delayed, envelope, liveness, priorities, sentinel
 from conventions.transport.checks import check_kombu, check_timing
 from conventions.transport.envelope import UNPARSEABLE
 from conventions.transport.fetch import (
@@ -202,6 +202,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         "replica_wait_ms",
     )
     fetch_wait = DEFAULT_FETCH_WAIT
+    #: fetches sent by this channel: its place in the priority steps' weighted cycle
+    _fetch_turn = 0
     fetch_wait_max = DEFAULT_FETCH_WAIT_MAX
     #: the former name of ``recovery_timeout``, read when that is not given
     inbox_timeout: float | None = None
@@ -377,9 +379,11 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
-        sources = list(
-            dict.fromkeys(self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues)
-        )
+        # weighted, never strict: a lower priority step is looked at first on some
+        # fetches, so a flood of higher ones cannot starve it (conventions.transport.priorities)
+        steps = priorities.fetch_order(self.priority_steps, self._fetch_turn)
+        self._fetch_turn += 1
+        sources = list(dict.fromkeys(self._q_for_pri(q, pri) for pri in steps for q in queues))
         fresh = False
         for source in sources:
             if source not in self._inboxes:
