@@ -45,7 +45,6 @@ from conventions.store.redis_scripts import (
     CLAIM,
     CLEAR_KEY,
     COMPLETE,
-    KEY_STATE,
     RELEASE,
     RENEW,
     RESERVE,
@@ -124,7 +123,6 @@ class RedisStore(RedisRecords, RedisCoordination):
         self._reserve_push = register(RESERVE_PUSH)
         self._unreserve = register(UNRESERVE_ONE)
         self._clear_key = register(CLEAR_KEY)
-        self._key_state = register(KEY_STATE)
         self._claim = register(CLAIM)
         self._renew = register(RENEW)
         self._complete = register(COMPLETE)
@@ -213,13 +211,24 @@ class RedisStore(RedisRecords, RedisCoordination):
         self._unreserve(keys=[keys.dedup(key, p), keys.dedup_print(key, p)], args=[job_id])
 
     def key_state(self, key: str) -> KeyState:
+        """A read (one ``MULTI``/``EXEC``), never a script: it goes out as it is where
+        writes wait for replicas."""
+        pipe = self.client.pipeline(transaction=True)
         p = self._scope(key)
-        buckets, done_args = self._done_parts(key, p)
-        found = self._key_state(
-            keys=[keys.dedup(key, p), keys.ledger(key, p), keys.dedup_print(key, p), *buckets],
-            args=done_args,
-        )
-        return _key_state(key, list(found))
+        dedup, ledger = keys.dedup(key, p), keys.ledger(key, p)
+        buckets, (_, field) = self._done_parts(key, p)
+        pipe.get(dedup)
+        pipe.pttl(dedup)
+        pipe.hmget(ledger, "state", "owner", "outcome")
+        pipe.pttl(ledger)
+        for bucket in buckets:
+            pipe.hget(bucket, field)
+        holder, reserved_ms, entry, entry_ms, *values = pipe.execute()
+        found = [holder, reserved_ms, *entry, entry_ms]
+        done = redis_done.read(buckets, values)
+        if entry[0] != "done" and done is not None:
+            found[2:] = done
+        return _key_state(key, found)
 
     def clear_key(self, key: str, *, audit: AuditEvent | None = None) -> KeyState:
         p = self._scope(key)

@@ -30,7 +30,7 @@ import base64
 import hashlib
 import math
 import time
-from typing import Final
+from typing import Any, Final
 
 #: the span of one done bucket, seconds
 BUCKET_SECONDS: Final = 86400
@@ -77,6 +77,23 @@ def long_print(printed: str | None) -> str | None:
     if not marker:
         return printed
     return f"{version}:{base64.urlsafe_b64decode(packed + '=').hex()}"
+
+
+def read(buckets: list[str], values: list[str | None], now: float | None = None) -> list[Any] | None:
+    """[state, owner, outcome, ms left] of the first live entry among ``values`` (the
+    key's field in each of ``buckets``, as ``HGET`` answered), or None: what
+    ``find_done`` answers, read on this machine's clock (an operator's look)."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    for bucket, value in zip(buckets, values, strict=True):
+        if not value:
+            continue
+        day = int(bucket.rpartition(":")[2])
+        expiry = day * BUCKET_SECONDS * 1000 + int(value[:5], 36) * 10
+        if expiry > now_ms:
+            owner, _, rest = value[5:].partition("|")
+            outcome = rest.partition("|")[2] or PLAIN_OUTCOME
+            return ["done", owner, outcome, expiry - now_ms]
+    return None
 
 
 #: Lua: ``find_done(first, count, field, now_ms)`` looks ``field`` up in the buckets

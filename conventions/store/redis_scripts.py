@@ -189,10 +189,6 @@ end
 """
 )
 
-#: KEYS: dedup, ledger, print, the done buckets. ARGV: how many done buckets, the key's
-#: digest. Returns ``key_state()``, and changes nothing.
-KEY_STATE = _KEY_STATE + "return key_state()\n"
-
 #: KEYS: dedup, ledger, print, the done buckets, audit keys. ARGV: how many done buckets,
 #: the key's digest, audit args. Drops them all (the key's field of every bucket),
 #: records the audit event; returns ``key_state()`` as it was.
