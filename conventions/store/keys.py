@@ -8,7 +8,7 @@ Layout (``{p}`` is the prefix)::
 
     {p}dedup:{key}              string  job id holding the enqueue reservation (PX ttl)
     {p}print:{key}              string  payload fingerprint of that reservation (same PX)
-    {p}ledger:{key}             hash    state=running, owner (PX lease) (done too, before the buckets)
+    {p}ledger:{key}             hash    state=running, owner (PX lease); done: the old layout
     {p}done:{day}               hash    digest of key -> compact done entry (PEXPIREAT day end)
     {p}deliveries:{delivery}    string  claim counter of one delivery (PX delivery_ttl,
                                         dropped when the key is done)

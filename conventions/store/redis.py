@@ -30,8 +30,8 @@ from conventions.config import cluster, sentinel
 from conventions.config.profile import PUBLISH_TIMEOUT
 from conventions.config.settings import (
     AUDIT_MAX_EVENTS,
-    DEFAULT_LEDGER_KEEP,
     AUDIT_MAX_TRAILS,
+    DEFAULT_LEDGER_KEEP,
     RUNS_MAX,
     RUNS_MAX_LOGS,
 )

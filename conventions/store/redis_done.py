@@ -47,11 +47,12 @@ def digest(key: str) -> bytes:
 
 
 def days(horizon: float, now: float | None = None) -> list[int]:
-    """The day numbers of the buckets a reader looks in: yesterday (a clock a little
-    ahead of the server's) through the last day a ``horizon`` keep can reach, and one."""
+    """The day numbers of the buckets a reader looks in, the farthest first (where a
+    done key of the usual keep is): the last day a ``horizon`` keep can reach, and one,
+    down to yesterday (a clock a little ahead of the server's)."""
     today = int((time.time() if now is None else now) // BUCKET_SECONDS)
     ahead = math.ceil(max(horizon, 0) / BUCKET_SECONDS) + 1
-    return list(range(today - 1, today + ahead + 1))
+    return list(range(today + ahead, today - 2, -1))
 
 
 def short_print(fingerprint: str | None) -> str:
@@ -79,7 +80,9 @@ def long_print(printed: str | None) -> str | None:
     return f"{version}:{base64.urlsafe_b64decode(packed + '=').hex()}"
 
 
-def read(buckets: list[str], values: list[str | None], now: float | None = None) -> list[Any] | None:
+def read(
+    buckets: list[str], values: list[str | None], now: float | None = None
+) -> list[Any] | None:
     """[state, owner, outcome, ms left] of the first live entry among ``values`` (the
     key's field in each of ``buckets``, as ``HGET`` answered), or None: what
     ``find_done`` answers, read on this machine's clock (an operator's look)."""
@@ -99,7 +102,7 @@ def read(buckets: list[str], values: list[str | None], now: float | None = None)
 #: Lua: ``find_done(first, count, field, now_ms)`` looks ``field`` up in the buckets
 #: KEYS[first .. first+count-1] and answers {owner, fingerprint, outcome, pttl} of a live
 #: entry, or nil; ``write_done(first, count, field, now_ms, keep_ms, owner, print,
-#: outcome)`` records one in the bucket of its expiry day (the last declared one when the
+#: outcome)`` records one in the bucket of its expiry day (the farthest declared one when the
 #: keep reaches past them) and makes the bucket last until that day ends.
 LUA: Final = f"""
 local DAY_MS = {BUCKET_SECONDS * 1000}
@@ -135,12 +138,17 @@ local function to36(n)
   end
   return out
 end
+local function done_bucket(first, count, expiry)
+  for i = first, first + count - 1 do
+    local day_start = bucket_day(KEYS[i]) * DAY_MS
+    if day_start <= expiry and expiry < day_start + DAY_MS then return i end
+  end
+  if expiry < bucket_day(KEYS[first + count - 1]) * DAY_MS then return first + count - 1 end
+  return first
+end
 local function write_done(first, count, field, now_ms, keep_ms, owner, printed, outcome)
   local expiry = now_ms + keep_ms
-  local index = first + count - 1
-  for i = first, first + count - 1 do
-    if bucket_day(KEYS[i]) * DAY_MS + DAY_MS > expiry then index = i break end
-  end
+  local index = done_bucket(first, count, expiry)
   local day_start = bucket_day(KEYS[index]) * DAY_MS
   if expiry < day_start then expiry = day_start end
   if expiry >= day_start + DAY_MS then expiry = day_start + DAY_MS - 10 end

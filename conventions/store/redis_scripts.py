@@ -87,7 +87,7 @@ local entry = redis.call('HMGET', KEYS[1], 'state', 'owner', 'outcome', 'print')
 if entry[1] == 'done' then
   return {'done', entry[2], entry[3], 0, entry[4]}
 end
-local done = find_done(3, tonumber(ARGV[4]), ARGV[5], server_ms())
+local done = find_done(3, tonumber(ARGV[4]), ARGV[5], server_ms())  -- farthest first
 if done then
   return {'done', done[1], done[3], 0, done[2]}
 end
@@ -139,7 +139,10 @@ local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if entry[1] == 'done' and entry[2] == ARGV[1] then return 0 end  -- a replay: done already
 local now_ms = server_ms()
 local buckets = tonumber(ARGV[7])
-local done = find_done(5, buckets, ARGV[8], now_ms)
+-- only the bucket this completion writes to: a replay (or another run's done of the
+-- same keep) is there; one lookup instead of one per bucket
+local target = done_bucket(5, buckets, now_ms + tonumber(ARGV[3]))
+local done = find_done(target, 1, ARGV[8], now_ms)
 if done and done[1] == string.sub(ARGV[1], 1, OWNER_CHARS) then return 0 end  -- a replay
 local recorded = 0
 if not done and (entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1])) then
