@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 import redis
 
 from conventions.store import keys
-from conventions.store.records import ClaimStatus
+from conventions.store.records import ClaimStatus, utcnow
 from conventions.store.redis import RedisStore
 
 #: a keep no test outlives
@@ -92,3 +93,18 @@ def test_a_replayed_completion_by_the_same_owner_changes_nothing(store: RedisSto
     _finish(store, "charge:1", owner=owner)
     store.complete("charge:1", owner, "succeeded", LONG, None, fingerprint="v1:ffffffffffffffff")
     assert store.claim("charge:1", "x", 60, "d").fingerprint == "v1:0123456789abcdef"
+
+
+def test_a_keep_beyond_the_horizon_is_cut_to_the_last_bucket_readers_see(
+    store_redis: redis.Redis,
+) -> None:
+    store = RedisStore(store_redis, prefix=f"cc-done-{uuid.uuid4().hex}:", done_horizon=86400)
+    try:
+        store.claim("charge:1", "exec-a", 60, "d-1")
+        store.complete("charge:1", "exec-a", "succeeded", 30 * 86400, None)
+        assert store.claim("charge:1", "exec-b", 60, "d-2").status is ClaimStatus.DONE
+        until = store.key_state("charge:1").ledger_until
+        assert until is not None and until < utcnow() + timedelta(days=3)
+    finally:
+        for name in store_redis.scan_iter(match=keys.pattern(store.prefix)):
+            store_redis.delete(name)
