@@ -162,7 +162,9 @@ def verify(client: Any, names: Sequence[str], jobs: int) -> str:
 
     ledger = sum(jobs for name in names if name not in common.RAW)
     results = sum(jobs for name in names if name in STORES_RESULTS)
-    got_ledger, got_results = count("cc:ledger:*"), count("celery-task-meta-*")
+    # done entries: a field each in the day buckets (the ledger hashes of an older layout)
+    done = sum(int(client.hlen(name)) for name in client.scan_iter(match="cc:done:*"))
+    got_ledger, got_results = count("cc:ledger:*") + done, count("celery-task-meta-*")
     verdict = "verified" if (got_ledger, got_results) == (ledger, results) else "MISMATCH"
     return (
         f"{verdict}: {got_ledger:,} ledger entries (expected {ledger:,}), "

@@ -243,6 +243,7 @@ def store_options(conf: Settings) -> dict[str, Any]:
         "runs_max": conf.runs_max,
         "runs_max_logs": conf.runs_max_logs,
         "socket_timeout": conf.publish_timeout,
+        "done_horizon": conf.ledger_keep,
     }
 
 

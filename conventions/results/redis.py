@@ -127,11 +127,15 @@ class _Completion:
     give_back: Callable[[], None] = lambda: None
     #: the payload fingerprint recorded with done (the same-key check of a later claim)
     fingerprint: str | None = None
+    #: the delivery whose claim counter the completion drops
+    delivery_id: str | None = None
 
     def attempt(self, result: ResultWrite | None) -> None:
         """Complete the key once (with ``result`` in the same script when given), then
         ``after``."""
-        riding = {} if result is None else {"result": result}  # any store, or the Redis one
+        riding: dict[str, Any] = {} if result is None else {"result": result}  # any store
+        if self.delivery_id is not None:
+            riding["delivery_id"] = self.delivery_id
         self.store.complete(*self.args, audit=self.audit, fingerprint=self.fingerprint, **riding)
         self.after()
 
@@ -316,6 +320,7 @@ def complete(
     deadline: float,
     give_back: Callable[[], None],
     fingerprint: str | None = None,
+    delivery_id: str | None = None,
 ) -> None:
     """``task.store.complete(key, owner, "succeeded", ...)`` and then ``after()``: now, or
     in the same script as Celery's SUCCESS write when one follows the body. A store that
@@ -327,7 +332,7 @@ def complete(
     riding = isinstance(backend, RedisBackend) and backend.store_alongside(task.store) is not None
     completion = _Completion(
         "", task.store, (key, owner, "succeeded", keep, reserved_by), audit, after, hold,
-        let_go, deadline, give_back, fingerprint,
+        let_go, deadline, give_back, fingerprint, delivery_id,
     )  # fmt: skip
     if riding and _success_write_follows(task, request):
         completion.result_key = backend.result_key(request.id)

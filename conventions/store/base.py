@@ -123,10 +123,13 @@ class Store(Protocol):
         *,
         audit: AuditEvent | None = None,
         fingerprint: str | None = None,
+        delivery_id: str | None = None,
     ) -> None:
         """Record ``key`` as done for ``keep`` seconds (with the payload ``fingerprint``
         of the run), drop the enqueue reservation held by ``reserved_by`` (when given)
-        and record ``audit``, atomically (one round trip on Redis).
+        and record ``audit``, atomically (one round trip on Redis). The claim counter of
+        ``delivery_id`` may go with it (Redis drops it: a done key is never claimed
+        again).
 
         Done is recorded when ``owner`` still holds the lease, or when the entry has
         expired (the lease ran out but the body finished: its result stands). A live

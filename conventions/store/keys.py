@@ -8,8 +8,10 @@ Layout (``{p}`` is the prefix)::
 
     {p}dedup:{key}              string  job id holding the enqueue reservation (PX ttl)
     {p}print:{key}              string  payload fingerprint of that reservation (same PX)
-    {p}ledger:{key}             hash    state, owner, outcome, print (PX lease or PX keep)
-    {p}deliveries:{delivery}    string  claim counter of one delivery (PX delivery_ttl)
+    {p}ledger:{key}             hash    state=running, owner (PX lease); done: the old layout
+    {p}done:{day}               hash    digest of key -> compact done entry (PEXPIREAT day end)
+    {p}deliveries:{delivery}    string  claim counter of one delivery (PX delivery_ttl,
+                                        dropped when the key is done)
     {p}dl:rec:{id}              hash    data (DeadLetter JSON), indexes (JSON key list)
     {p}dl:all                   zset    id -> last_failed_at (POSIX seconds)
     {p}dl:task:{task}           zset    same, one task
@@ -75,6 +77,8 @@ PRINT: Final = "print:"
 DEDUP: Final = "dedup:"
 #: execution ledger entry of an idempotency key (hash: state, owner, outcome)
 LEDGER: Final = "ledger:"
+#: the done entries whose keep ends on one day (:mod:`conventions.store.redis_done`)
+DONE: Final = "done:"
 #: how many times one delivery (a broker message) was claimed: poison detection
 DELIVERIES: Final = "deliveries:"
 
@@ -117,6 +121,12 @@ def dedup_print(key: str, prefix: str = DEFAULT_PREFIX) -> str:
 def ledger(key: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The execution ledger key of idempotency key ``key``."""
     return f"{prefix}{LEDGER}{key}"
+
+
+def done(day: int, prefix: str = DEFAULT_PREFIX) -> str:
+    """The bucket of the done entries whose keep ends on day ``day`` (days since the
+    epoch, UTC)."""
+    return f"{prefix}{DONE}{day}"
 
 
 def deliveries(delivery_id: str, prefix: str = DEFAULT_PREFIX) -> str:

@@ -31,10 +31,11 @@ from conventions.config.profile import PUBLISH_TIMEOUT
 from conventions.config.settings import (
     AUDIT_MAX_EVENTS,
     AUDIT_MAX_TRAILS,
+    DEFAULT_LEDGER_KEEP,
     RUNS_MAX,
     RUNS_MAX_LOGS,
 )
-from conventions.store import keys
+from conventions.store import keys, redis_done
 from conventions.store.base import KeyState
 from conventions.store.records import AuditEvent, Claim, ClaimStatus, Holder, utcnow
 from conventions.store.redis_coordination import RedisCoordination, _ms
@@ -87,6 +88,7 @@ class RedisStore(RedisRecords, RedisCoordination):
         runs_max: int = RUNS_MAX,
         runs_max_logs: int = RUNS_MAX_LOGS,
         socket_timeout: float = SOCKET_TIMEOUT,
+        done_horizon: float = DEFAULT_LEDGER_KEEP,
     ) -> None:
         if isinstance(client_or_url, str) and cluster.is_cluster(client_or_url):
             # redis+cluster://host:port,host:port/?min_replicas=: WAIT per shard
@@ -109,6 +111,9 @@ class RedisStore(RedisRecords, RedisCoordination):
         #: on Redis Cluster: every job's keys carry its partition's hash tag
         self.clustered = cluster.is_cluster_client(self.client)
         self.delivery_ttl = delivery_ttl
+        #: the longest ``keep`` of a done entry (``conventions_ledger_keep_seconds``): how
+        #: many day buckets its readers look in (:mod:`conventions.store.redis_done`)
+        self.done_horizon = done_horizon
         self.audit_ttl = audit_ttl
         self.audit_max_trails = self._share(audit_max_trails)  # per partition on a cluster
         self.audit_max_events = audit_max_events
@@ -206,24 +211,43 @@ class RedisStore(RedisRecords, RedisCoordination):
         self._unreserve(keys=[keys.dedup(key, p), keys.dedup_print(key, p)], args=[job_id])
 
     def key_state(self, key: str) -> KeyState:
+        """A read (one ``MULTI``/``EXEC``), never a script: it goes out as it is where
+        writes wait for replicas."""
         pipe = self.client.pipeline(transaction=True)
         p = self._scope(key)
         dedup, ledger = keys.dedup(key, p), keys.ledger(key, p)
+        buckets, (_, field) = self._done_parts(key, p)
         pipe.get(dedup)
         pipe.pttl(dedup)
         pipe.hmget(ledger, "state", "owner", "outcome")
         pipe.pttl(ledger)
-        holder, reserved_ms, entry, entry_ms = pipe.execute()
-        return _key_state(key, [holder, reserved_ms, *entry, entry_ms])
+        for bucket in buckets:
+            pipe.hget(bucket, field)
+        holder, reserved_ms, entry, entry_ms, *values = pipe.execute()
+        found = [holder, reserved_ms, *entry, entry_ms]
+        done = redis_done.read(buckets, values)
+        if entry[0] != "done" and done is not None:
+            found[2:] = done
+        return _key_state(key, found)
 
     def clear_key(self, key: str, *, audit: AuditEvent | None = None) -> KeyState:
         p = self._scope(key)
         audit_keys, audit_args = self._audit_parts(audit, p)
+        buckets, done_args = self._done_parts(key, p)
         found = self._clear_key(
-            keys=[keys.dedup(key, p), keys.ledger(key, p), keys.dedup_print(key, p), *audit_keys],
-            args=audit_args,
-        )
+            keys=[
+                keys.dedup(key, p), keys.ledger(key, p), keys.dedup_print(key, p), *buckets,
+                *audit_keys,
+            ],
+            args=[*done_args, *audit_args],
+        )  # fmt: skip
         return _key_state(key, list(found))
+
+    def _done_parts(self, key: str, p: str) -> tuple[list[str], list[Any]]:
+        """The done buckets a reader of ``key`` looks in (KEYS), and (ARGV) how many
+        they are and the key's field in them."""
+        buckets = [keys.done(day, p) for day in redis_done.days(self.done_horizon)]
+        return buckets, [len(buckets), redis_done.digest(key)]
 
     # -- execution ledger --------------------------------------------------------------
     def claim(
@@ -240,21 +264,22 @@ class RedisStore(RedisRecords, RedisCoordination):
         p = self._scope(key)
         audit_keys, audit_args = self._audit_parts(audit, p)
         script, keys_, args = self._riding(self._claim, self._claim_with_result, result)
+        buckets, done_args = self._done_parts(key, p)
         status, holder, outcome, count, *printed = cast(
             "list[Any]",
             script(
                 keys=[
-                    *keys_,
-                    keys.ledger(key, p),
-                    keys.deliveries(delivery_id, p),
+                    *keys_, keys.ledger(key, p), keys.deliveries(delivery_id, p), *buckets,
                     *audit_keys,
                 ],
-                args=[*args, owner, _ms(lease), _ms(self.delivery_ttl), *audit_args],
+                args=[
+                    *args, owner, _ms(lease), _ms(self.delivery_ttl), *done_args, *audit_args,
+                ],
             ),
-        )
+        )  # fmt: skip
         return Claim(
             ClaimStatus(status), holder=holder, deliveries=int(count), outcome=outcome,
-            fingerprint=(printed[0] or None) if printed else None,
+            fingerprint=redis_done.long_print(printed[0]) if printed else None,
         )  # fmt: skip
 
     def renew(self, key: str, owner: str, lease: float) -> bool:
@@ -272,15 +297,20 @@ class RedisStore(RedisRecords, RedisCoordination):
         audit: AuditEvent | None = None,
         result: ResultWrite | None = None,
         fingerprint: str | None = None,
+        delivery_id: str | None = None,
     ) -> None:
-        """``result``: Celery's SUCCESS write, sent in the same script."""
-        audit_keys, audit_args = self._audit_parts(audit, self._scope(key))
+        """``result``: Celery's SUCCESS write, sent in the same script. ``delivery_id``:
+        the delivery whose claim counter goes (a done key counts no more claims)."""
+        p = self._scope(key)
+        audit_keys, audit_args = self._audit_parts(audit, p)
         script, keys_, args = self._riding(self._complete, self._complete_with_result, result)
+        buckets, done_args = self._done_parts(key, p)
+        counter = keys.ledger(key, p) if delivery_id is None else keys.deliveries(delivery_id, p)
         script(
-            keys=[*keys_, *self._key_pair(key), *audit_keys],
+            keys=[*keys_, *self._key_pair(key), counter, *buckets, *audit_keys],
             args=[
                 *args, owner, outcome, _ms(keep), *self._reservation(reserved_by),
-                fingerprint or "", *audit_args,
+                redis_done.short_print(fingerprint), *done_args, *audit_args,
             ],
         )  # fmt: skip
 

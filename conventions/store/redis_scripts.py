@@ -10,6 +10,7 @@ Key names are in :mod:`conventions.store.keys`.
 from __future__ import annotations
 
 from conventions.store.redis_audit import AUDIT
+from conventions.store.redis_done import LUA as DONE
 
 #: Defines ``take_reservation(print_key, fingerprint)``: the dedup key KEYS[1] for job
 #: ARGV[1] (ttl ms ARGV[2], or '' for none), its payload fingerprint in ``print_key``
@@ -73,15 +74,22 @@ return false
 """
 )
 
-#: KEYS: ledger, deliveries, audit keys. ARGV: owner, lease ms, delivery ttl
-#: ms, audit args. Returns {status, holder, outcome, deliveries, fingerprint}; the audit
-#: event is recorded only on a claim.
+#: KEYS: ledger, deliveries, the done buckets, audit keys. ARGV: owner, lease ms,
+#: delivery ttl ms, how many done buckets, the key's digest, audit args. Returns
+#: {status, holder, outcome, deliveries, fingerprint}; the audit event is recorded only
+#: on a claim. A done entry of the layout before the buckets (``state=done`` in the
+#: ledger hash) still answers done.
 CLAIM = (
     AUDIT
+    + DONE
     + """
 local entry = redis.call('HMGET', KEYS[1], 'state', 'owner', 'outcome', 'print')
 if entry[1] == 'done' then
   return {'done', entry[2], entry[3], 0, entry[4]}
+end
+local done = find_done(3, tonumber(ARGV[4]), ARGV[5], server_ms())  -- farthest first
+if done then
+  return {'done', done[1], done[3], 0, done[2]}
 end
 if entry[1] == 'running' then
   return {'held', entry[2], false, 0}
@@ -114,25 +122,35 @@ if ARGV[4] == '1' and redis.call('GET', KEYS[2]) == ARGV[5] then
 end
 """
 
-#: KEYS: ledger, dedup, print, audit keys. ARGV: owner, outcome, keep ms, has
-#: reservation, reserved_by, fingerprint or '', audit args. Records done (with the
-#: fingerprint) when the lease is still ours or the entry vanished (our lease expired but
-#: the body finished: the result stands); the audit event is recorded either way, except
-#: on a replay (done already, by this owner: a retried write whose first reply was
-#: lost). Returns 1 when done was recorded.
+#: KEYS: ledger, dedup, print, deliveries (or the ledger again: none), the done buckets,
+#: audit keys. ARGV: owner, outcome, keep ms, has reservation, reserved_by, fingerprint
+#: (short form) or '', how many done buckets, the key's digest, audit args. Records done
+#: in its day bucket (:mod:`conventions.store.redis_done`) when the lease is still ours
+#: or the entry vanished (our lease expired but the body finished: the result stands),
+#: and drops the delivery counter (a done key is never claimed again: it counts nothing
+#: more); the audit event is recorded either way, except on a replay (done already, by
+#: this owner: a retried write whose first reply was lost). Returns 1 when done was
+#: recorded.
 COMPLETE = (
     AUDIT
+    + DONE
     + """
 local entry = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if entry[1] == 'done' and entry[2] == ARGV[1] then return 0 end  -- a replay: done already
+local now_ms = server_ms()
+local buckets = tonumber(ARGV[7])
+-- only the bucket this completion writes to: a replay (or another run's done of the
+-- same keep) is there; one lookup instead of one per bucket
+local target = done_bucket(5, buckets, now_ms + tonumber(ARGV[3]))
+local done = find_done(target, 1, ARGV[8], now_ms)
+if done and done[1] == string.sub(ARGV[1], 1, OWNER_CHARS) then return 0 end  -- a replay
 local recorded = 0
-if entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1]) then
+if not done and (entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1])) then
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'state', 'done', 'owner', ARGV[1], 'outcome', ARGV[2])
-  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'print', ARGV[6]) end
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  write_done(5, buckets, ARGV[8], now_ms, tonumber(ARGV[3]), ARGV[1], ARGV[6], ARGV[2])
   recorded = 1
 end
+if KEYS[4] ~= KEYS[1] then redis.call('DEL', KEYS[4]) end
 """
     + _UNRESERVE
     + "record_audit()\nreturn recorded\n"
@@ -154,17 +172,37 @@ end
 )
 
 
-#: KEYS: dedup, ledger, print, audit keys. ARGV: audit args. Drops them, records the
-#: audit event; returns {holder, its pttl, state, owner, outcome, the entry's pttl}.
+#: Defines ``key_state()``: {holder, its pttl, state, owner, outcome, the entry's pttl} of
+#: the key whose dedup, ledger and print are KEYS[1..3], its done buckets KEYS[4..], ARGV:
+#: how many done buckets, the key's digest. A done entry of either layout answers.
+_KEY_STATE = (
+    DONE
+    + """
+local function key_state()
+  local holder = redis.call('GET', KEYS[1])
+  local reserved_ms = redis.call('PTTL', KEYS[1])
+  local entry = redis.call('HMGET', KEYS[2], 'state', 'owner', 'outcome')
+  local entry_ms = redis.call('PTTL', KEYS[2])
+  if entry[1] ~= 'done' then
+    local done = find_done(4, tonumber(ARGV[1]), ARGV[2], server_ms())
+    if done then return {holder, reserved_ms, 'done', done[1], done[3], done[4]} end
+  end
+  return {holder, reserved_ms, entry[1], entry[2], entry[3], entry_ms}
+end
+"""
+)
+
+#: KEYS: dedup, ledger, print, the done buckets, audit keys. ARGV: how many done buckets,
+#: the key's digest, audit args. Drops them all (the key's field of every bucket),
+#: records the audit event; returns ``key_state()`` as it was.
 CLEAR_KEY = (
     AUDIT
+    + _KEY_STATE
     + """
-local holder = redis.call('GET', KEYS[1])
-local reserved_ms = redis.call('PTTL', KEYS[1])
-local entry = redis.call('HMGET', KEYS[2], 'state', 'owner', 'outcome')
-local entry_ms = redis.call('PTTL', KEYS[2])
+local found = key_state()
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+for i = 4, 3 + tonumber(ARGV[1]) do redis.call('HDEL', KEYS[i], ARGV[2]) end
 record_audit()
-return {holder, reserved_ms, entry[1], entry[2], entry[3], entry_ms}
+return found
 """
 )

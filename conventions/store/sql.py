@@ -299,10 +299,12 @@ class SQLStore(SQLRecords):
         *,
         audit: AuditEvent | None = None,
         fingerprint: str | None = None,
+        delivery_id: str | None = None,
     ) -> None:
         """Done if the lease is still ours or has expired (the result stands); ``audit``
         is recorded either way, except on a replay (done already, by ``owner``: a retried
-        write whose first reply was lost), which changes nothing, as on Redis."""
+        write whose first reply was lost), which changes nothing, as on Redis. The
+        delivery counter's row (``delivery_id``) is left to the retention purge."""
         now = self._now()
         t = self.ledger
         done = self._upsert(

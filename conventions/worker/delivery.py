@@ -84,6 +84,8 @@ class Delivery(Exits):
     refused: dict[str, Any] = field(default_factory=dict)
     #: the payload's fingerprint, in the published task's form (``keys.fingerprint``)
     fingerprint: str | None = None
+    #: the delivery's id in the ledger's claim counters (set by the claim)
+    delivery_id: str | None = None
 
     @property
     def body(self) -> JobTask:
@@ -182,6 +184,7 @@ class Delivery(Exits):
         delivery_id = f"{request.id}:{request.retries or 0}"
         if self.headers.get(hdr.RESUMED):  # a resume is no crash: count it apart
             delivery_id += f":r{self.headers[hdr.RESUMED]}"
+        self.delivery_id = delivery_id  # its counter goes with the completion
         # one round trip each for claim and complete, their audit events included, and
         # Celery's STARTED and SUCCESS writes with them when they can
         # (conventions.results.redis)
@@ -277,6 +280,7 @@ class Delivery(Exits):
                 hold=lambda: keeper.hold(store, key, owner, settings.lease),
                 let_go=lambda: keeper.drop(key, owner), deadline=self.deadline(),
                 give_back=self.give_back, fingerprint=self.fingerprint,
+                delivery_id=self.delivery_id,
             )  # fmt: skip
         except Exception as exc:
             self.completion_refused(exc)

@@ -38,6 +38,7 @@ from kombu import Connection, Producer
 from sqlalchemy import text
 
 from conventions.store import keys
+from conventions.store.redis import RedisStore
 from conventions.transport.redis import in_inboxes
 from tasks import app, db, shop
 from tasks.payments import apply_event
@@ -510,10 +511,10 @@ def test_a_job_whose_worker_dies_after_the_commit_is_not_applied_twice(
     assert store_redis.get(support_crash.CRASH_RUNS + event_id) == "2"
     assert store_redis.get(support_crash.FIRST_DELIVERY + event_id) == job.id
     assert worker.output().count(LOST_RUNNING_JOB) == 1
-    ledger = store_redis.hgetall(
-        keys.ledger(f"testing.apply_then_crash:crash-after-commit:{event_id}")
+    ledger = RedisStore(store_redis).key_state(
+        f"testing.apply_then_crash:crash-after-commit:{event_id}"
     )
-    assert ledger["state"] == "done"
+    assert ledger.ledger_state == "done"
     # ... and the effect happened once
     assert app.AsyncResult(job.id).result == "already applied"
     assert _scalar("SELECT paid_minor FROM orders WHERE id = :id", id=order_id) == amount
@@ -577,8 +578,8 @@ def test_a_visibility_timeout_redelivery_does_not_run_the_body_twice(
     # the redelivery was deferred while the first run held the key, then skipped: the
     # body ran once and the payment was applied once
     assert store_redis.get(support_crash.SLOW_RUNS + event_id) == "1"
-    ledger = store_redis.hgetall(keys.ledger(f"testing.slow_apply:slow-apply:{event_id}"))
-    assert ledger["state"] == "done"
+    ledger = RedisStore(store_redis).key_state(f"testing.slow_apply:slow-apply:{event_id}")
+    assert ledger.ledger_state == "done"
     assert _scalar("SELECT paid_minor FROM orders WHERE id = :id", id=order_id) == amount
     assert (
         _scalar(

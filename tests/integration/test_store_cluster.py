@@ -45,15 +45,20 @@ def test_every_key_of_one_job_hashes_to_one_slot(store: RedisStore) -> None:
     run = {"set": {"task": "billing.charge.v1"}, "once": {}, "order": [0, 0]}
     store.reserve(key, job, 60, audit=_event("published", job, correlation, run))
     store.claim(key, "worker-1", 60, "delivery-1", audit=_event("started", job, correlation, run))
-    store.complete(key, "worker-1", "ok", 60, job, audit=_event("succeeded", job, correlation, run))
+    store.complete(
+        key, "worker-1", "ok", 60, job, audit=_event("succeeded", job, correlation, run),
+        delivery_id="delivery-1",
+    )  # fmt: skip
     store.add_audit(_event("replayed", job, correlation, run))
     found = list(store.client.scan_iter(match=keys.pattern(store.prefix), count=1000))
-    # the ledger, the delivery counter, the run record, the trail, and the indexes and
-    # counters of its partition; the reservation was dropped by the completion
-    assert {name.split(":", 2)[2] for name in found} >= {
-        f"ledger:{key}", "deliveries:delivery-1", f"run:rec:{job}", f"audit:log:{correlation}",
-        "audit:by-time", "counts", "run:all",
-    }  # fmt: skip
+    # the done entry's day bucket, the run record, the trail, and the indexes and
+    # counters of its partition; the completion dropped the reservation, the running
+    # lease and the delivery counter
+    kinds = {name.split(":", 2)[2] for name in found}
+    assert kinds >= {f"run:rec:{job}", f"audit:log:{correlation}", "audit:by-time", "counts"}
+    assert "run:all" in kinds and any(kind.startswith("done:") for kind in kinds)
+    assert not any(kind.startswith(("ledger:", "deliveries:")) for kind in kinds)
+    assert store.key_state(key).ledger_state == "done"
     assert len({redis.RedisCluster.keyslot(store.client, name) for name in found}) == 1
     assert [e.event for e in store.audit_for(correlation)] == [
         "published", "started", "succeeded", "replayed",
