@@ -31,6 +31,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("audit trail", "cc:audit:log:*"),
     ("audit index", "cc:audit:by-time"),
     ("result", "celery-task-meta-*"),
+    ("ledger done", "cc:done:*"),  # a field per finished job in a hash per day
     ("ledger", "cc:ledger:*"),
     ("delivery counter", "cc:deliveries:*"),
     ("dedup", "cc:dedup:*"),
