@@ -12,10 +12,10 @@ publish's script): the token only wakes it, the sweep that follows moves the mes
 so a consumer killed between the two loses a token, never a message.
 
 An entry whose ``eta`` is still ahead *on the Redis clock* (pushed by a producer beside
-the transport, or published straight by a publisher whose clock runs ahead) goes to its delayed set instead, in the same script: a
-consumer never holds one, and the claimed message is delivered without its ``eta``
-(:func:`conventions.transport.delayed.undelayed`), so the worker's own clock, fast or
-slow, never holds it back nor lets it run early.
+the transport, or published straight by a publisher whose clock runs ahead) goes to its
+delayed set instead, in the same script: a consumer never holds one, and the claimed
+message is delivered without its ``eta`` (:func:`conventions.transport.delayed.undelayed`),
+so the worker's own clock, fast or slow, never holds it back nor lets it run early.
 """
 
 from __future__ import annotations
