@@ -55,11 +55,12 @@ return 0
 #: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
 #: audit event; then, in the broker's, kombu's ``LPUSH`` of the message (``SELECT`` only
 #: when the two databases differ, so a server that refuses it works with one database).
-#: With a bell cap above 0 it also rings the queue's bell (a token, the bell capped), which
-#: wakes an idle consumer of several queues (:mod:`conventions.transport.layout`).
-#: KEYS: dedup, the queue's list, print, bell, audit keys. ARGV: job id, ttl ms or '',
-#: reserve ('1' or '0'), store db, broker db, message, fingerprint or '', bell cap ('0':
-#: no ring), audit args. Returns {holder, its fingerprint} (nothing pushed) or false.
+#: With a bell cap above 0 it also rings the queue's bell (a token, the bell capped and
+#: expiring), which wakes an idle consumer of several queues
+#: (:mod:`conventions.transport.layout`). KEYS: dedup, the queue's list, print, bell,
+#: audit keys. ARGV: job id, ttl ms or '', reserve ('1' or '0'), store db, broker db,
+#: message, fingerprint or '', bell cap ('0': no ring), bell ttl s, audit args. Returns
+#: {holder, its fingerprint} (nothing pushed) or false.
 RESERVE_PUSH = (
     AUDIT
     + _TAKE_RESERVATION
@@ -75,6 +76,7 @@ local cap = tonumber(ARGV[8])
 if cap > 0 then
   redis.call('LPUSH', KEYS[4], '1')
   redis.call('LTRIM', KEYS[4], 0, cap - 1)
+  redis.call('EXPIRE', KEYS[4], ARGV[9])
 end
 return false
 """

@@ -32,7 +32,7 @@ from typing import Any
 from kombu.utils.json import dumps
 
 from conventions.tracing import headers as hdr
-from conventions.transport.layout import BELL, BELL_CAP, DELAYED, PRIORITY_SEP
+from conventions.transport.layout import BELL, BELL_CAP, BELL_TTL, DELAYED, PRIORITY_SEP
 
 #: members a mover moves per call at most: a bounded script, whatever the backlog
 MOVE_LIMIT = 100
@@ -49,12 +49,14 @@ MOVE = (
     f"local bell_prefix = '{_BELL_PREFIX}'\n"
     f"local priority_sep = '{_LUA_PRIORITY_SEP}'\n"
     f"local bell_cap = {BELL_CAP}\n"
+    f"local bell_ttl = {BELL_TTL}\n"
     + """
 local function ring(list)
   local cut = string.find(list, priority_sep, 1, true)
   local bell = bell_prefix .. (cut and string.sub(list, 1, cut - 1) or list)
   redis.call('LPUSH', bell, '1')
   redis.call('LTRIM', bell, 0, bell_cap - 1)
+  redis.call('EXPIRE', bell, bell_ttl)
 end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1]))

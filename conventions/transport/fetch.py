@@ -34,12 +34,13 @@ end
 for i = 2 * n + 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return false
 """
-#: kombu's ``LPUSH`` and the ring of the queue's bell, capped, in one command.
-#: KEYS: list, bell; ARGV: message, cap
+#: kombu's ``LPUSH`` and the ring of the queue's bell, capped and expiring, in one
+#: command. KEYS: list, bell; ARGV: message, cap, ttl seconds
 PUSH_RING = """
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('LPUSH', KEYS[2], '1')
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 1
 """
 #: KEYS: inbox, unacked index, unacked, delayed set; ARGV: entry, tag, record, "1" to

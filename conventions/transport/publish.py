@@ -147,7 +147,7 @@ def hook(  # noqa: PLR0917
             ttl,
             audit,
             fingerprint,
-            bell=(broker.bell_of(queue_list), broker.BELL_CAP),
+            bell=(broker.bell_of(queue_list), broker.BELL_CAP, broker.BELL_TTL),
         )
         if holder is not None:
             raise Deduplicated(holder)

@@ -106,6 +106,7 @@ from conventions.transport.hook import _HOOK, PushHook, pushing_through
 from conventions.transport.layout import (
     BELL,
     BELL_CAP,
+    BELL_TTL,
     CONSUMERS,
     INBOX,
     INBOXES,
@@ -114,9 +115,9 @@ from conventions.transport.layout import (
 )
 
 __all__ = [
-    "BELL_CAP", "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook", "QoS",
-    "SentinelChannel", "Transport", "bell_of", "consumer_of", "in_inboxes", "push_and_ring",
-    "pushing_through",
+    "BELL_CAP", "BELL_TTL", "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook",
+    "QoS", "SentinelChannel", "Transport", "bell_of", "consumer_of", "in_inboxes",
+    "push_and_ring", "pushing_through",
 ]  # fmt: skip
 
 logger = logging.getLogger("conventions.transport.redis")
@@ -143,9 +144,9 @@ def push_and_ring(client: Any, source: str, message: str) -> None:
     in one command (:data:`~conventions.transport.fetch.PUSH_RING`, by its digest; sent
     whole once when the server does not know it yet)."""
     try:
-        client.evalsha(_PUSH_RING_SHA, 2, source, bell_of(source), message, BELL_CAP)
+        client.evalsha(_PUSH_RING_SHA, 2, source, bell_of(source), message, BELL_CAP, BELL_TTL)
     except NoScriptError:
-        client.eval(PUSH_RING, 2, source, bell_of(source), message, BELL_CAP)
+        client.eval(PUSH_RING, 2, source, bell_of(source), message, BELL_CAP, BELL_TTL)
 
 
 def in_inboxes(client: Any) -> int:

@@ -60,7 +60,7 @@ def test_a_delay_rings_its_queues_bell_in_the_same_script(order_id: str) -> None
         send_receipt.delay(order_id=order_id)
     assert monitor.top_level(order_id) == ["EVALSHA"]
     assert monitor.top_level(bell) == ["EVALSHA"]  # the same script: no command of its own
-    assert monitor.scripted(bell) == ["LPUSH", "LTRIM"]
+    assert monitor.scripted(bell) == ["LPUSH", "LTRIM", "EXPIRE"]
 
 
 def test_a_duplicate_pushes_nothing_and_answers_the_holder(
