@@ -124,7 +124,9 @@ def main(argv: list[str]) -> int:
             report, client, n=sizes.options, rounds=rounds
         ),
         "priorities": lambda: priorities.section(report, client, n=sizes.options, rounds=rounds),
-        "idle": lambda: idle.section(report, client, seconds=5 if args.quick else 10),
+        "idle": lambda: idle.section(
+            report, client, seconds=5 if args.quick else 10, trials=20 if args.quick else 100
+        ),
         "peers": lambda: peers.section(report, client, n=sizes.peers, rounds=rounds),
         "growth": lambda: growth.section(
             report, client, size=sizes.backlog, n=sizes.growth, rounds=rounds

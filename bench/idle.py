@@ -10,6 +10,10 @@ once, as its ``EVAL``):
 * **per worker, for a fleet** of 1, 10 and 50 simulated consumers: each runs a real
   :class:`~conventions.transport.liveness.Keeper` (beats, sweeps, mover) in this process;
   the fleet's commands/s divided by its size must not grow with it;
+* **wake-up latency** of an idle consumer of 1, 2 and 5 queues: 100 trials each, every
+  one from an idle state (the fetch's back-off at its longest, plus a random part of it),
+  published to a queue other than the one it last took from; p50 and p99 from the
+  publish to the message's delivery in the consumer (kombu's ``BRPOP`` beside it);
 * **one sweep** (the dead-inbox give-back) when nobody died: commands per call for 1,
   10, 50 registered consumers, against the former design's (one script per inbox of
   every other consumer: grows with the fleet, so the fleet's load with its square).
@@ -18,16 +22,20 @@ once, as its ``EVAL``):
 from __future__ import annotations
 
 import contextlib
+import queue as queues_
+import random
 import shutil
 import socket
+import statistics
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import redis
-from kombu import Connection, Consumer, Exchange, Queue
+from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from bench.report import Report, Row
 from conventions.transport import liveness
@@ -35,8 +43,12 @@ from conventions.transport.layout import CONSUMERS, INBOX, INBOXES
 
 #: commands only scripts call in these runs: counted once, as the script's EVAL
 INNER = {"zrange", "lmove", "time", "hset", "zadd", "zrem", "lpush", "hget", "hdel",
-         "zscore", "lrem", "zcard"}  # fmt: skip
+         "zscore", "lrem", "zcard", "del", "ltrim"}  # fmt: skip
 FLEETS = (1, 10, 50)
+#: the fetch's longest back-off (the transport's default ``fetch_wait_max``), seconds
+BACKOFF_MAX = 1.0
+TRIALS = 100
+SEED = 32
 
 
 @contextlib.contextmanager
@@ -106,6 +118,56 @@ def idle_consumer(client: redis.Redis, transport: str, queues: int, seconds: flo
         return rate(client, seconds, drain)
 
 
+def wake_up(client: redis.Redis, transport: str, queues: int, trials: int = TRIALS) -> (
+    tuple[float, float]
+):  # fmt: skip
+    """p50 and p99 (ms) from a publish to its delivery in an idle consumer of ``queues``
+    queues, over ``trials`` trials: each waits for the consumer's back-off to reach its
+    longest (plus a random part of it, so the publish lands anywhere in a wait), then
+    publishes to the queue after the one it last took from."""
+    url = f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+    names = [f"wake{queues}-{n}" for n in range(queues)]
+    declared = [Queue(n, Exchange(n, type="direct"), routing_key=n) for n in names]
+    options = {"priority_steps": [0]}
+    delivered: queues_.Queue[float] = queues_.Queue()
+    stop = threading.Event()
+
+    def on_message(message: Any) -> None:
+        delivered.put(time.monotonic())
+        message.ack()
+
+    def consume() -> None:
+        with (
+            Connection(url, transport=transport, transport_options=options) as connection,
+            Consumer(connection, declared, on_message=on_message, prefetch_count=1),
+        ):
+            delivered.put(0.0)  # consuming
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    connection.drain_events(timeout=0.5)
+
+    rng = random.Random(SEED)
+    samples: list[float] = []
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    delivered.get(timeout=30)
+    try:
+        with Connection(url, transport=transport, transport_options=options) as publisher:
+            producer = Producer(publisher.default_channel)
+            for n in range(trials):
+                time.sleep(BACKOFF_MAX * rng.uniform(1.1, 1.6))
+                target = declared[(n + 1) % queues]
+                sent = time.monotonic()
+                producer.publish({"n": n}, exchange=target.exchange,
+                                 routing_key=target.routing_key, declare=[target])  # fmt: skip
+                samples.append((delivered.get(timeout=30) - sent) * 1000)
+    finally:
+        stop.set()
+        thread.join(10)
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return cuts[49], cuts[98]
+
+
 def fleet(client: redis.Redis, size: int, seconds: float) -> float:
     """Commands/s per simulated consumer of a fleet of ``size`` live keepers."""
     keepers = [
@@ -137,7 +199,9 @@ def sweep_cost(client: redis.Redis, size: int) -> int:
     return calls(client) - before - 1
 
 
-def section(report: Report, _client: Any, *, seconds: float = 10.0) -> None:
+def section(report: Report, _client: Any, *, seconds: float = 10.0, trials: int = TRIALS) -> (
+    None
+):  # fmt: skip
     if shutil.which("redis-server") is None:
         report.notes.append("idle: skipped (no redis-server to count commands on)")
         return
@@ -149,6 +213,14 @@ def section(report: Report, _client: Any, *, seconds: float = 10.0) -> None:
             client.flushdb()
             report.add(Row("idle", f"idle consumer of {queues} queue(s), commands/s", ours,
                            "cmd/s", "<= 5", f"kombu's BRPOP: {kombu:.1f}/s"))  # fmt: skip
+        for queues in (1, 2, 5):
+            p50, p99 = wake_up(client, "conventions.transport.redis:Transport", queues, trials)
+            client.flushdb()
+            raw50, raw99 = wake_up(client, "redis", queues, trials)
+            client.flushdb()
+            note = f"p50 {p50:.1f} ms; kombu's BRPOP p50 {raw50:.1f}, p99 {raw99:.1f} ms"
+            report.add(Row("idle", f"idle consumer of {queues} queue(s), publish to start p99",
+                           p99, "ms", "<= 50", note))  # fmt: skip
         for size in FLEETS:
             per = fleet(client, size, seconds)
             client.flushdb()

@@ -161,20 +161,23 @@ class RedisStore(RedisRecords, RedisCoordination):
         ttl: float | None,
         audit: AuditEvent | None,
         fingerprint: str | None = None,
+        bell: tuple[str, int, int] | None = None,
     ) -> Holder | None:
         """:meth:`reserve` and kombu's ``LPUSH`` in one script on ``broker``'s connection
         (a client of the same server, any database): the holder when ``key`` is taken by
         another job (nothing is pushed), else None. ``key=None``: no reservation, the
-        audit event and the push only."""
+        audit event and the push only. ``bell``: the queue's bell, its cap and ttl, rung with
+        the push (the transport's, which wakes an idle consumer of several queues)."""
         p = self._scope(key)
         audit_keys, audit_args = self._audit_parts(audit, p)
         dedup = keys.dedup(key, p) if key is not None else queue_list
         printed = keys.dedup_print(key, p) if key is not None else queue_list
         held = self._reserve_push(
-            keys=[dedup, queue_list, printed, *audit_keys],
+            keys=[dedup, queue_list, printed, bell[0] if bell else queue_list, *audit_keys],
             args=[
                 job_id, "" if ttl is None else _ms(ttl), "0" if key is None else "1",
-                self.database, database_of(broker), message, fingerprint or "", *audit_args,
+                self.database, database_of(broker), message, fingerprint or "",
+                bell[1] if bell else 0, bell[2] if bell else 0, *audit_args,
             ],
             client=broker,
         )  # fmt: skip

@@ -56,8 +56,11 @@ return 0
 #: connection: in the store's database, the reservation (when ARGV[3] is '1') and the
 #: audit event; then, in the broker's, kombu's ``LPUSH`` of the message (``SELECT`` only
 #: when the two databases differ, so a server that refuses it works with one database).
-#: KEYS: dedup, the queue's list, print, audit keys. ARGV: job id, ttl ms or '', reserve
-#: ('1' or '0'), store db, broker db, message, fingerprint or '', audit args. Returns
+#: With a bell cap above 0 it also rings the queue's bell (a token, the bell capped and
+#: expiring), which wakes an idle consumer of several queues
+#: (:mod:`conventions.transport.layout`). KEYS: dedup, the queue's list, print, bell,
+#: audit keys. ARGV: job id, ttl ms or '', reserve ('1' or '0'), store db, broker db,
+#: message, fingerprint or '', bell cap ('0': no ring), bell ttl s, audit args. Returns
 #: {holder, its fingerprint} (nothing pushed) or false.
 RESERVE_PUSH = (
     AUDIT
@@ -70,6 +73,12 @@ if ARGV[3] == '1' then holder = take_reservation(KEYS[3], ARGV[7]) else record_a
 if other_db then redis.call('SELECT', ARGV[5]) end
 if holder then return holder end
 redis.call('LPUSH', KEYS[2], ARGV[6])
+local cap = tonumber(ARGV[8])
+if cap > 0 then
+  redis.call('LPUSH', KEYS[4], '1')
+  redis.call('LTRIM', KEYS[4], 0, cap - 1)
+  redis.call('EXPIRE', KEYS[4], ARGV[9])
+end
 return false
 """
 )

@@ -32,7 +32,7 @@ from typing import Any
 from kombu.utils.json import dumps
 
 from conventions.tracing import headers as hdr
-from conventions.transport.layout import DELAYED
+from conventions.transport.layout import BELL, BELL_CAP, BELL_TTL, DELAYED, PRIORITY_SEP
 
 #: members a mover moves per call at most: a bounded script, whatever the backlog
 MOVE_LIMIT = 100
@@ -42,8 +42,22 @@ SEP = "\n"
 #: KEYS: delayed sets; ARGV: seconds added to the Redis clock (tests: 0), limit ->
 #: {moved, next due or "", now}: due on the Redis clock (``TIME``), never the caller's.
 #: Due members go to the tail of their list (LPUSH: the fetch takes from the right)
-#: oldest first.
-MOVE = """
+#: oldest first, each ringing its queue's bell (an idle consumer of several queues wakes).
+_BELL_PREFIX = BELL.split("{", 1)[0]
+_LUA_PRIORITY_SEP = "".join(f"\\{ord(c)}" for c in PRIORITY_SEP)
+MOVE = (
+    f"local bell_prefix = '{_BELL_PREFIX}'\n"
+    f"local priority_sep = '{_LUA_PRIORITY_SEP}'\n"
+    f"local bell_cap = {BELL_CAP}\n"
+    f"local bell_ttl = {BELL_TTL}\n"
+    + """
+local function ring(list)
+  local cut = string.find(list, priority_sep, 1, true)
+  local bell = bell_prefix .. (cut and string.sub(list, 1, cut - 1) or list)
+  redis.call('LPUSH', bell, '1')
+  redis.call('LTRIM', bell, 0, bell_cap - 1)
+  redis.call('EXPIRE', bell, bell_ttl)
+end
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1]))
 local left = tonumber(ARGV[2])
@@ -56,6 +70,7 @@ for i = 1, #KEYS do
       local cut = string.find(member, '\\n', 1, true)
       if cut then
         redis.call('LPUSH', string.sub(member, 1, cut - 1), string.sub(member, cut + 1))
+        ring(string.sub(member, 1, cut - 1))
       end
       redis.call('ZREM', KEYS[i], member)
       moved = moved + 1
@@ -70,6 +85,7 @@ for i = 1, #KEYS do
 end
 return {moved, nextdue and string.format('%.6f', nextdue) or '', now}
 """
+)
 
 
 @dataclass(frozen=True)

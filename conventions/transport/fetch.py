@@ -3,26 +3,45 @@
 A fetch moves an entry from a queue's list into the consumer's inbox (``BLMOVE``, or
 :data:`SWEEP` over several lists), then :data:`CLAIM` moves it into kombu's unacked set,
 scored with the Redis server's clock (``TIME``), never the worker's: kombu's restore
-compares that score with the same clock. An entry whose ``eta`` is still ahead *on the
-Redis clock* (pushed by a producer beside the transport, or published straight by a
-publisher whose clock runs ahead) goes to its delayed set instead, in the same script: a
-consumer never holds one, and the claimed message is delivered without its ``eta``
-(:func:`conventions.transport.delayed.undelayed`), so the worker's own clock, fast or
-slow, never holds it back nor lets it run early.
+compares that score with the same clock.
+
+A consumer of several lists that found them all empty waits on their queues' bells
+(``BLPOP``, :data:`~conventions.transport.layout.BELL`), which every publish of the
+layer rings in the same script as its push (:data:`PUSH_RING`, and the one-trip
+publish's script): the token only wakes it, the sweep that follows moves the message,
+so a consumer killed between the two loses a token, never a message.
+
+An entry whose ``eta`` is still ahead *on the Redis clock* (pushed by a producer beside
+the transport, or published straight by a publisher whose clock runs ahead) goes to its
+delayed set instead, in the same script: a consumer never holds one, and the claimed
+message is delivered without its ``eta`` (:func:`conventions.transport.delayed.undelayed`),
+so the worker's own clock, fast or slow, never holds it back nor lets it run early.
 """
 
 from __future__ import annotations
 
 from redis.exceptions import ResponseError
 
-#: KEYS: sources..., inboxes... -> {index, entry} from the first non-empty source, or nil
+#: KEYS: sources..., inboxes..., bells...; ARGV: number of sources -> {index, entry}
+#: from the first non-empty source, or nil, when the bells of these (all empty) lists
+#: are deleted: every token in them announced a message already taken
 SWEEP = """
-local n = #KEYS / 2
+local n = tonumber(ARGV[1])
 for i = 1, n do
   local entry = redis.call('LMOVE', KEYS[i], KEYS[n + i], 'RIGHT', 'LEFT')
   if entry then return {i, entry} end
 end
+for i = 2 * n + 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return false
+"""
+#: kombu's ``LPUSH`` and the ring of the queue's bell, capped and expiring, in one
+#: command. KEYS: list, bell; ARGV: message, cap, ttl seconds
+PUSH_RING = """
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], '1')
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
 """
 #: KEYS: inbox, unacked index, unacked, delayed set; ARGV: entry, tag, record, "1" to
 #: record it as unacked ("0": a no-ack consumer's, nothing will ack it), due ("" none),

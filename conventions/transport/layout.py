@@ -21,6 +21,12 @@ commands each, never on a job's path.
   ``recovery_timeout`` old.
 * ``_cc.inboxes``: hash of every inbox (field) and the list it was filled from (value);
   ``_cc.inbox.<consumer>:<list>`` is one inbox.
+* ``_cc.bell.<queue>``: list of tokens (``"1"``), one pushed with each message the
+  layer publishes into the queue's lists (at most :data:`BELL_CAP`, gone
+  :data:`BELL_TTL` seconds after the last), so that an idle
+  consumer of several queues wakes at once (``BLPOP`` over its queues' bells) and then
+  sweeps its lists. A token is only a hint: the message itself never leaves its list but
+  into an inbox, and a consumer whose sweep finds all its lists empty deletes their bells.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ CONSUMER = "_cc.consumer.{consumer}"
 DEAD_SINCE = "_cc.consumers.dead"
 INBOXES = "_cc.inboxes"
 INBOX = "_cc.inbox.{consumer}:{source}"
+BELL = "_cc.bell.{queue}"
+#: tokens a bell holds at most: how many idle consumers one burst wakes at once
+BELL_CAP = 100
+#: seconds a bell lives after its last ring: a token nobody popped by then announced a
+#: message that a timed sweep took long ago (and a queue that no consumer of several
+#: queues reads, such as a reply queue, leaves no key behind)
+BELL_TTL = 60
 #: kombu's priority lists are ``<queue><sep><priority>``
 PRIORITY_SEP = "\x06\x16"
 
@@ -44,6 +57,11 @@ PRIORITY_SEP = "\x06\x16"
 def queue_of_list(source: str) -> str:
     """The queue a list belongs to (a priority list's queue, or the list itself)."""
     return source.split(PRIORITY_SEP, 1)[0]
+
+
+def bell_of(source: str) -> str:
+    """The bell of the queue a list belongs to (one per queue, whatever its priority lists)."""
+    return BELL.format(queue=queue_of_list(source))
 
 
 @dataclass(frozen=True)

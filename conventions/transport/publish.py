@@ -8,11 +8,13 @@ Celery building the whole message. When the broker goes through
 on the **same Redis server** (any database: the reference config uses one URL for both),
 ``ConventionTask.apply_async`` hands the transport a push hook instead: one script, on
 the broker's connection, reserves the key and records the audit event in the store's
-database, then pushes the message in the broker's. A key another job holds raises
-:class:`Deduplicated` from inside the publish, before anything is pushed; the task
-answers the holder's handle, as the two-step path does. A message with a countdown or an
-``eta`` still ahead goes to its queue's delayed set (:mod:`conventions.transport.delayed`):
-its hook reserves first, then adds it there (two round trips, on that path only).
+database, then pushes the message in the broker's and rings its queue's bell (which
+wakes an idle consumer of several queues: :mod:`conventions.transport.fetch`). A key
+another job holds raises :class:`Deduplicated` from inside the publish, before anything
+is pushed; the task answers the holder's handle, as the two-step path does. A message
+with a countdown or an ``eta`` still ahead goes to its queue's delayed set
+(:mod:`conventions.transport.delayed`): its hook reserves first, then adds it there (two
+round trips, on that path only).
 
 Otherwise (another server, the SQL store, eager mode, kombu's own transport) the task
 reserves first and publishes second, as before.
@@ -117,12 +119,20 @@ def hook(  # noqa: PLR0917
         pushed.tried = True
         if not _publishes_to_store(redis_store, client):
             _reserve_then_push(
-                redis_store, lambda: client.lpush(queue_list, message), key, task_id, ttl,
-                audit, fingerprint,
+                redis_store, lambda: broker.push_and_ring(client, queue_list, message), key,
+                task_id, ttl, audit, fingerprint,
             )  # fmt: skip
             return
         holder = redis_store.reserve_and_push(
-            client, queue_list, message, key, task_id, ttl, audit, fingerprint
+            client,
+            queue_list,
+            message,
+            key,
+            task_id,
+            ttl,
+            audit,
+            fingerprint,
+            bell=(broker.bell_of(queue_list), broker.BELL_CAP, broker.BELL_TTL),
         )
         if holder is not None:
             raise Deduplicated(holder)

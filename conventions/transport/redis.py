@@ -33,11 +33,18 @@ not yet due, so any delay works, and its due time is in Redis (and its AOF).
 
 A consumer reading one list blocks on it with ``BLMOVE``: no added latency. One reading
 several lists (``-Q email,heavy``, or kombu's priority lists) first moves from the first
-non-empty one in a single script, and when all are empty blocks on one of them for
-``fetch_wait`` seconds (default 0.1), doubled while it stays idle up to
-``fetch_wait_max`` (default 1), before looking at all again: a busy queue is swept after
-every message, and an idle worker sends a few commands a second whatever its number of
-queues. ``celeryconfig.py`` sets ``priority_steps`` to ``[0]``, one list per queue, so a
+non-empty one in a single script, and when all are empty blocks on its queues' **bells**
+(one ``BLPOP`` over all of them) for ``fetch_wait`` seconds (default 0.1), doubled while
+it stays idle up to ``fetch_wait_max`` (default 1), before sweeping all again. Every
+publish through this transport (and the one-trip publish's script) rings the queue's
+bell in the same command as its push, so the consumer wakes at once and sweeps: the
+token is only a hint, the message still moves by the sweep into the inbox, and a
+consumer killed between the wake-up and the sweep loses no message. A message that no
+bell announced (kombu's own ``LPUSH`` from a foreign producer, a delayed message moved
+when due, a dead consumer's given back) is seen by the next sweep, within
+``fetch_wait_max``. A busy queue is swept after every message, and an idle worker's
+fetch sends two commands a second whatever its number of queues.
+``celeryconfig.py`` sets ``priority_steps`` to ``[0]``, one list per queue, so a
 one-queue lane blocks for free.
 
 An entry that is not a well-formed kombu message (junk pushed by a foreign producer, or
@@ -75,9 +82,10 @@ from typing import Any
 
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from conventions.config.sentinel import REPLICA_WAIT_MS, Replicated, replicas_wanted
 from conventions.errors import ConfigurationError
@@ -90,19 +98,32 @@ from conventions.transport.fetch import (
     CLAIM_LARGE,
     CLAIMED,
     DEFERRED,
+    PUSH_RING,
     SWEEP,
     refuses_client_reply,
 )
 from conventions.transport.hook import _HOOK, PushHook, pushing_through
-from conventions.transport.layout import CONSUMERS, INBOX, INBOXES, server_now
+from conventions.transport.layout import (
+    BELL,
+    BELL_CAP,
+    BELL_TTL,
+    CONSUMERS,
+    INBOX,
+    INBOXES,
+    bell_of,
+    server_now,
+)
 
 __all__ = [
-    "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook", "QoS", "SentinelChannel",
-    "Transport", "consumer_of", "in_inboxes", "pushing_through",
+    "BELL_CAP", "BELL_TTL", "INBOX", "INBOXES", "UNPARSEABLE", "Channel", "Empty", "PushHook",
+    "QoS", "SentinelChannel", "Transport", "bell_of", "consumer_of", "in_inboxes",
+    "push_and_ring", "pushing_through",
 ]  # fmt: skip
 
 logger = logging.getLogger("conventions.transport.redis")
 
+BELL_PREFIX = BELL.split("{", 1)[0]
+_PUSH_RING_SHA = hashlib.sha1(PUSH_RING.encode(), usedforsecurity=False).hexdigest()
 #: seconds a consumer reading several lists first blocks on one of them (doubled while
 #: the consumer stays idle, up to ``fetch_wait_max``)
 DEFAULT_FETCH_WAIT = 0.1
@@ -116,6 +137,16 @@ DEFAULT_MOVER_INTERVAL = 1.0
 def consumer_of(inbox: str) -> str:
     """The consumer id in an inbox's name."""
     return inbox[len(INBOX.split("{", 1)[0]) :].split(":", 1)[0]
+
+
+def push_and_ring(client: Any, source: str, message: str) -> None:
+    """kombu's ``LPUSH`` of ``message`` into ``source`` and the ring of its queue's bell,
+    in one command (:data:`~conventions.transport.fetch.PUSH_RING`, by its digest; sent
+    whole once when the server does not know it yet)."""
+    try:
+        client.evalsha(_PUSH_RING_SHA, 2, source, bell_of(source), message, BELL_CAP, BELL_TTL)
+    except NoScriptError:
+        client.eval(PUSH_RING, 2, source, bell_of(source), message, BELL_CAP, BELL_TTL)
 
 
 def in_inboxes(client: Any) -> int:
@@ -226,7 +257,10 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self.claimed: dict[str, bool] = {}
         self._inboxes: dict[str, str] = {}
         self._swept_empty = False
-        self._turn = 0
+        #: the queue whose bell woke the fetch in flight (None: no bell did)
+        self._rung: str | None = None
+        #: messages taken by a sweep that a bell's wake-up started (read by the tests)
+        self.taken_on_ring = 0
         self._wait = DEFAULT_FETCH_WAIT
         self._live_at = -math.inf
         self._sent: tuple[str, list[str]] = ("", [])
@@ -318,10 +352,10 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                                               if k != hdr.DUE}}  # fmt: skip
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         if not hooked and (due is None or due <= self.now()):
-            if not self._replicas[0]:
-                super()._put(queue, message, **kwargs)
-            else:  # kombu's LPUSH, with the WAIT in its round trip
-                self._publishing_client().lpush(key, dumps(message))
+            # kombu's LPUSH and the queue's bell in one command (with min_replicas, the
+            # WAIT in its round trip)
+            with self.conn_or_acquire(self._publishing_client()) as client:
+                push_and_ring(client, key, dumps(message))
             return
         with self.conn_or_acquire(self._publishing_client()) as client:  # a retry runs it again
             if due is not None and due > self.now():
@@ -394,15 +428,15 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             self._send("BLMOVE", sources[:1], command, fresh)
         elif not self._swept_empty:
             inboxes = [self._inboxes[s] for s in sources]
-            command = ["EVAL", SWEEP, 2 * len(sources), *sources, *inboxes]
+            bells = list(dict.fromkeys(bell_of(s) for s in sources))
+            command = ["EVAL", SWEEP, 2 * len(sources) + len(bells), *sources, *inboxes,
+                       *bells, len(sources)]  # fmt: skip
             self._send("EVAL", sources, command, fresh)
-        else:
-            self._turn = (self._turn + 1) % len(sources)
-            source = sources[self._turn]
+        else:  # all empty: wait on their bells, then sweep again (woken or not)
             wait = min(self._wait, block)
             self._wait = min(self._wait * 2, max(float(self.fetch_wait_max), self.fetch_wait))
-            command = ["BLMOVE", source, self._inboxes[source], "RIGHT", "LEFT", wait]
-            self._send("BLMOVE", [source], command, fresh)
+            command = ["BLPOP", *dict.fromkeys(bell_of(s) for s in sources), wait]
+            self._send("BLPOP", sources, command, fresh)
 
     def _send(self, kind: str, sources: list[str], command: list[Any], fresh: bool) -> None:
         """Send the fetch, after this consumer's sign of life when it is due, in one
@@ -460,11 +494,21 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                     "allow it to the broker's user (ACL +client|reply), or use kombu's "
                     "Redis transport"
                 ) from exc
+            rung, self._rung = self._rung, None
+            if kind == "BLPOP":  # a bell rang, or the wait ran out: sweep next
+                self._swept_empty = False
+                if reply is not None:
+                    self._rung = bytes_to_str(reply[0])[len(BELL_PREFIX) :]
+                raise Empty()
             if kind == "EVAL":
                 self._swept_empty = not reply
                 if not reply:
                     raise Empty()
                 source, entry = sources[int(reply[0]) - 1], reply[1]
+                if rung is not None:
+                    self.taken_on_ring += 1
+                    logger.debug("a bell of %s woke the fetch that took a message from %s",
+                                 rung, source)  # fmt: skip
             else:
                 self._swept_empty = False
                 if reply is None:

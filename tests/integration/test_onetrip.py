@@ -17,6 +17,7 @@ import redis
 from conventions import App, bind
 from conventions.task import DuplicateResult
 from conventions.transport import publish as onetrip
+from conventions.transport import redis as broker
 from tasks import app
 from tasks.receipts import send_receipt
 from tests.integration.helpers import Monitor
@@ -51,6 +52,15 @@ def test_a_delay_reserves_and_pushes_in_one_script(
         app.store.reserve(f"email.send_receipt:receipt:{order_id}", "someone-else", 60) == handle.id
     )
     assert [e.event for e in app.store.audit_for(correlation)] == ["published"]
+
+
+def test_a_delay_rings_its_queues_bell_in_the_same_script(order_id: str) -> None:
+    bell = broker.bell_of("email")
+    with Monitor() as monitor:
+        send_receipt.delay(order_id=order_id)
+    assert monitor.top_level(order_id) == ["EVALSHA"]
+    assert monitor.top_level(bell) == ["EVALSHA"]  # the same script: no command of its own
+    assert monitor.scripted(bell) == ["LPUSH", "LTRIM", "EXPIRE"]
 
 
 def test_a_duplicate_pushes_nothing_and_answers_the_holder(
