@@ -73,7 +73,10 @@ class RabbitNode:
     """A private ``rabbitmq-server`` node in ``folder`` on ``port``."""
 
     def __init__(
-        self, folder: Path, port: int | None = None, home: Path | None = None,
+        self,
+        folder: Path,
+        port: int | None = None,
+        home: Path | None = None,
         conf: str = "",
     ) -> None:
         server, ctl = _binary("rabbitmq-server"), _binary("rabbitmqctl")

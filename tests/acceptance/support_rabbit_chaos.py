@@ -128,9 +128,10 @@ def _publish(count: int) -> None:
     print(f"published {count}", flush=True)
 
 
-def _publish_through(count: int, delayed: int) -> None:
-    """Publish ``count`` events one by one, the first ``delayed`` with a countdown of 5 to
-    25 s (they wait in ``celery_delayed_*`` while nodes die), as a caller told of a
+def _publish_through(count: int, delayed: int, pace: float) -> None:
+    """Publish ``count`` events one by one, ``pace`` seconds apart (so that publishes go on
+    while nodes die and leaders are elected), the first ``delayed`` with a countdown of 5
+    to 25 s (they wait in ``celery_delayed_*`` while nodes die), as a caller told of a
     refusal does: a ``.delay()`` that raised is said (``refused``) and made again until
     RabbitMQ confirms it. A publish that returned is a confirmed one."""
     refused = 0
@@ -139,6 +140,7 @@ def _publish_through(count: int, delayed: int) -> None:
         while True:
             try:
                 pay.apply_async(kwargs={"event_id": event_id}, **options)
+                time.sleep(pace)
                 break
             except Exception as exc:  # the caller is told: it tries again
                 refused += 1
@@ -156,7 +158,7 @@ def main(argv: list[str]) -> Any:
     if argv[1] == "publish":
         return _publish(int(argv[2]))
     if argv[1] == "publish-through":
-        return _publish_through(int(argv[2]), int(argv[3]))
+        return _publish_through(int(argv[2]), int(argv[3]), float(argv[4]))
     return _publish_pill(argv[2])
 
 
