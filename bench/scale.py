@@ -4,7 +4,10 @@ The figures the at-scale page (``docs/discussions/at-scale.md``) multiplies out 
 workers and 10,000 jobs/s: per job, the Redis commands and the Redis CPU time of its
 publish and of its run, and the bytes it leaves behind; on RabbitMQ (``--amqp``), the
 broker's CPU time per job (``beam.smp``'s user + system time from ``/proc``, so it runs
-as a user who may read RabbitMQ's process) and the store's Redis commands per job.
+as a user who may read RabbitMQ's process) and the store's Redis commands per job. A
+failover list of a cluster's nodes (``--amqp "amqp://a:5700//;amqp://b:5701//;..."``)
+sums the CPU of every node's VM (:mod:`bench.beam` finds each by its port): the
+replication's share is the cluster's figure against one node's.
 
 Each figure is a difference of the server's own counters (``INFO commandstats``,
 ``INFO cpu``, ``INFO memory``; ``/proc/<pid>/stat``) taken around one phase, on a
@@ -28,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import common, procs
+from bench import beam, common, procs
 
 #: the jobs per measured phase unless ``--jobs`` says otherwise
 DEFAULT_JOBS = 2000
@@ -86,20 +89,27 @@ def beam_pid() -> int | None:
 
 def beam_cpu(pid: int | None) -> float | None:
     """Seconds of CPU (user + system) the process has used."""
-    if pid is None:
-        return None
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return beam.cpu(pid)
+
+
+def beam_pids(amqp: str) -> list[int]:
+    """The VMs of the nodes ``amqp`` names (each of a cluster's), found by their ports;
+    else the first ``beam.smp`` of the machine."""
+    found = beam.pids(amqp)
+    if found:
+        return found
+    pid = beam_pid()
+    return [pid] if pid is not None else []
 
 
 class Meter:
     """The counters before a phase, and its cost per job after it."""
 
-    def __init__(self, client: Any, broker: str, variant: str, pid: int | None) -> None:
-        self.client, self.broker, self.variant, self.pid = client, broker, variant, pid
+    def __init__(self, client: Any, broker: str, variant: str, pids: list[int]) -> None:
+        self.client, self.broker, self.variant, self.pids = client, broker, variant, pids
         self.client.config_resetstat()
         self.start = _counters(client)
-        self.beam = beam_cpu(pid)
+        self.beam = beam.cpu_of(pids)
         self.t0 = time.monotonic()
 
     def done(self, phase: str, jobs: int, trips: Trips | None = None) -> Phase:
@@ -109,8 +119,8 @@ class Meter:
         delta = {k: v - before.get(k, 0) for k, v in calls.items()}
         delta.pop("config|resetstat", None)
         delta.pop("info", None)
-        beam = beam_cpu(self.pid)
-        rabbit = None if beam is None or self.beam is None else (beam - self.beam) / jobs * 1e6
+        vms = beam.cpu_of(self.pids)
+        rabbit = None if vms is None or self.beam is None else (vms - self.beam) / jobs * 1e6
         per = {k: round(v / jobs, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])}
         found = Phase(
             phase, self.broker, self.variant, jobs, round(seconds, 2),
@@ -209,9 +219,9 @@ def _measure(  # noqa: PLR0917
     client.flushdb()
     task = getattr(apps, variant).tasks[apps.task_name(variant)]
     broker = "rabbitmq" if amqp else "redis"
-    pid = beam_pid() if amqp else None
+    pids = beam_pids(amqp) if amqp else []
     task.delay(order_id=f"warm{run}")  # connections made and the queue declared first
-    meter = Meter(client, broker, variant, pid)
+    meter = Meter(client, broker, variant, pids)
     if trips is not None:
         trips.take()
     for n in range(jobs):
@@ -219,7 +229,7 @@ def _measure(  # noqa: PLR0917
     published = meter.done("publish", jobs, trips)
     worker = _worker(amqp, variant)
     try:
-        meter = Meter(client, broker, variant, pid)  # the worker's start is part of its cost
+        meter = Meter(client, broker, variant, pids)  # the worker's start is part of its cost
         worker.wait_ready()
         _drained(jobs + 1)
         ran = meter.done("run", jobs, trips)
