@@ -1,6 +1,8 @@
 """The doctor on a 3-node RabbitMQ cluster of the test's own, through the management API
 (``conventions_rabbitmq_management_url``): a healthy cluster says nothing; a node killed
-is said down with every member it held offline; a queue shrunk to two members is said.
+is said down with every member it held offline, and once back, its leaders lost (said
+unbalanced until ``rabbitmq-queues rebalance quorum``); a queue shrunk to two members
+is said.
 
 Marked ``chaos`` (``make chaos``): three nodes with the management plugin take about
 20 s to start on this machine.
@@ -97,6 +99,10 @@ def test_a_node_killed_is_said_down_with_its_members_offline(
         assert ("quorum-members-offline", POISON) in found, found
     finally:
         victim.start()
+    # back, with its members online but none of its leaders: RabbitMQ does not move them
+    unbalanced = {("rabbitmq-leaders-unbalanced", "quorum queue leaders")}
+    assert _until(app, lambda f: f == unbalanced) == unbalanced
+    cluster.nodes[0].queues_ctl("rebalance", "quorum")
     assert _until(app, lambda f: not f) == set()
 
 
