@@ -74,8 +74,6 @@ def record(
 ) -> None:
     """Write one audit event (as of ``at``, default now); never raises."""
     try:
-        store.add_audit(
-            event(name, task, task_id, headers, attempt=attempt, detail=detail, at=at)
-        )
+        store.add_audit(event(name, task, task_id, headers, attempt=attempt, detail=detail, at=at))
     except Exception:
         logger.exception("could not record audit event %s of %s", name, task_id)
