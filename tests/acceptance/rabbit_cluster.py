@@ -24,7 +24,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,8 +32,9 @@ from pathlib import Path
 
 from tests.acceptance.rabbit_node import RabbitNode
 
-#: the cluster's AMQP ports (the distribution ports are 20000 above)
-PORTS = (5700, 5701, 5702)
+#: the AMQP ports a cluster may take, the first three by default (the distribution ports
+#: are 20000 above)
+PORTS = (5700, 5701, 5702, 5703, 5704)
 #: seconds without a tick before a node declares a peer down (Erlang's default is 60)
 NET_TICKTIME = 8
 CONF = "queue_leader_locator = balanced\ncluster_partition_handling = pause_minority\n"
@@ -126,7 +126,7 @@ class RabbitCluster:
     """Three :class:`ClusterNode` in ``folder``, clustered."""
 
     def __init__(
-        self, folder: Path, ports: tuple[int, ...] = PORTS, management: bool = False
+        self, folder: Path, ports: tuple[int, ...] = PORTS[:3], management: bool = False
     ) -> None:
         self.folder = folder
         cookie = folder / ".erlang.cookie"
@@ -228,13 +228,31 @@ def private_cluster(folder: Path, management: bool = False) -> Iterator[RabbitCl
 
 
 def main() -> None:
-    """Start a cluster in a temporary folder and say how long it took (a measure)."""
+    """``python -m tests.acceptance.rabbit_cluster [--nodes N] [--management] [--serve]``:
+    start a cluster (of ``N`` nodes, 3 by default) in a temporary folder and say how long
+    it took; with ``--serve``, print its failover URL and keep it until interrupted (for
+    ``python -m bench.scale --amqp URL``)."""
+    import argparse
     import tempfile
 
+    parser = argparse.ArgumentParser(prog="python -m tests.acceptance.rabbit_cluster")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--management", action="store_true")
+    parser.add_argument("--serve", action="store_true")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
-        with private_cluster(Path(tmp), management="--management" in sys.argv) as cluster:
+        cluster = RabbitCluster(Path(tmp), PORTS[: args.nodes], management=args.management)
+        try:
+            cluster.start()
             print(f"started in {time.monotonic() - started:.1f}s: {cluster.running()}")
+            print(cluster.url, flush=True)
+            while args.serve:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            cluster.stop()
 
 
 if __name__ == "__main__":
