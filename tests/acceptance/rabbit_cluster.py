@@ -240,6 +240,7 @@ def main() -> None:
     parser.add_argument("--management", action="store_true")
     parser.add_argument("--serve", action="store_true")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill <pid>: stop it first
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
         cluster = RabbitCluster(Path(tmp), PORTS[: args.nodes], management=args.management)
