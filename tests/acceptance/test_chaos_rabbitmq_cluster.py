@@ -145,10 +145,12 @@ def _blows(
     names = _app_queues(cluster)
     leader = cluster.memberships()[rc.QUEUE].leader
     victim = cluster.node(leader)
+    waiting = _delayed(cluster)
     victim.kill_nine()
     new = _new_leader(cluster, leader)
-    done.append(f"kill -9 of the leader's node {leader} (at {scalar(shop, APPLIED)} applied, "
-                f"{_publishing(publisher)}; new leader {new})")  # fmt: skip
+    at = scalar(shop, APPLIED)
+    done.append(f"kill -9 of the leader's node {leader} (at {at} applied, {waiting} delayed "
+                f"waiting, {_publishing(publisher)}; new leader {new})")  # fmt: skip
     time.sleep(rng.uniform(1.0, 4.0))  # work goes on on two nodes
     victim.start()
     _wait_members(cluster, names)
@@ -169,6 +171,12 @@ def _blows(
                 f"{at} applied, {_publishing(publisher)})")  # fmt: skip
     _wait_members(cluster, names)
     return done
+
+
+def _delayed(cluster: RabbitCluster) -> int:
+    """Messages waiting in the ``celery_delayed_*`` queues (countdowns not yet due)."""
+    queues = cluster.any_up().queues().values()
+    return sum(q.messages for q in queues if q.name.startswith("celery_delayed_"))
 
 
 def _new_leader(cluster: RabbitCluster, old: str) -> str:
