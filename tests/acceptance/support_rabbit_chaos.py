@@ -136,7 +136,7 @@ def _publish_through(count: int, delayed: int, pace: float) -> None:
     RabbitMQ confirms it. A publish that returned is a confirmed one."""
     refused = 0
     for number, event_id in enumerate(event_ids(count)):
-        options = {"countdown": 5 + number % 21} if number < delayed else {}
+        options: dict[str, Any] = {"countdown": 5 + number % 21} if number < delayed else {}
         while True:
             try:
                 pay.apply_async(kwargs={"event_id": event_id}, **options)
