@@ -1,6 +1,6 @@
-"""The chaos run on a 3-node RabbitMQ cluster: 2,000 payments through the kill -9 of the
-node holding the queue's leader, then of a follower, then a partition of one node,
-counted in the database.
+"""The chaos runs on a 3-node RabbitMQ cluster: 2,000 payments through the kill -9 of the
+node holding the queue's leader and then of a follower's, and (a run of its own) through
+a partition of the node the consumers are connected to, counted in the database.
 
 The cluster is the test's own (:mod:`tests.acceptance.rabbit_cluster`: three nodes on
 loopback, quorum queues of three members, leaders spread). The app is the RabbitMQ chaos
@@ -11,14 +11,17 @@ while the nodes die (200 of them with a countdown of 5 to 25 s: they wait in the
 and made again, as a caller told of a refusal would: a publish that returned was
 confirmed, and must take effect.
 
-The blows, in order: kill -9 of the node holding ``cc_chaos_payments``' leader (a new
-leader is elected among the two others), the node started again; kill -9 of a node
-holding one of its followers, started again; SIGSTOP of a third node for longer than the
-net tick time (its peers declare it down: a partition, seen from them; it pauses itself
-when it wakes, ``pause_minority``), then SIGCONT. Then: 0 lost, 0 duplicated, no dead
-letter, every queue of the app (poison queue and delay queues included) with its three
-members online, and a crash pill ends as ``poison`` (the poison queue survived the
-node's loss).
+The first run: kill -9 of the node holding ``cc_chaos_payments``' leader (a new leader is
+elected among the two others), the node started again; kill -9 of a node holding one of
+its followers, started again. Then: 0 lost, 0 duplicated, no dead letter, every queue of
+the app (poison queue and delay queues included) with its three members online, and a
+crash pill ends as ``poison`` (the poison queue survived the node's loss).
+
+The second: SIGSTOP of the first node of the list (the consumers' and the publisher's)
+for longer than the net tick time (its peers declare it down: a partition, seen from
+them), then SIGCONT. On RabbitMQ 3.10.8 the workers' consumers stay registered on it and
+get no delivery again: the jobs wait in the queue (none lost, none run twice), but the
+run does not finish, hence ``xfail`` (see its reason).
 """
 
 from __future__ import annotations
