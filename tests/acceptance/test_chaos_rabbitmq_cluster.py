@@ -216,7 +216,7 @@ def test_two_thousand_payments_through_the_kill_nine_of_the_leader_and_a_followe
 @pytest.mark.xfail(
     reason="RabbitMQ 3.10.8 (this machine's): the consumers' channels on a node paused past "
     "the net tick time keep their consumers registered but get no delivery again (their "
-    "settles sent during the partition are lost, rabbitmq/rabbitmq-server#14589, fixed in "
+    "settles sent during the partition lost? likely rabbitmq/rabbitmq-server#14589, fixed in "
     "4.2): the jobs wait in the queue, none is lost or run twice",
     strict=False,
 )
