@@ -19,9 +19,9 @@ crash pill ends as ``poison`` (the poison queue survived the node's loss).
 
 The second: SIGSTOP of the first node of the list (the consumers' and the publisher's)
 for longer than the net tick time (its peers declare it down: a partition, seen from
-them), then SIGCONT. On RabbitMQ 3.10.8 the workers' consumers stay registered on it and
-get no delivery again: the jobs wait in the queue (none lost, none run twice), but the
-run does not finish, hence ``xfail`` (see its reason).
+them), then SIGCONT. On RabbitMQ 3.10.8 jobs are stranded (the deliveries the workers held
+stay unacked, or the consumers get nothing more): none run twice, but the run does not
+finish, hence ``xfail`` (see its reason).
 """
 
 from __future__ import annotations
@@ -214,10 +214,10 @@ def test_two_thousand_payments_through_the_kill_nine_of_the_leader_and_a_followe
 
 
 @pytest.mark.xfail(
-    reason="RabbitMQ 3.10.8 (this machine's): the consumers' channels on a node paused past "
-    "the net tick time keep their consumers registered but get no delivery again (their "
-    "settles sent during the partition lost? likely rabbitmq/rabbitmq-server#14589, fixed in "
-    "4.2): the jobs wait in the queue, none is lost or run twice",
+    reason="RabbitMQ 3.10.8 (this machine's): after a node the workers consume from is "
+    "paused past the net tick time, the deliveries they held stay unacked and never come "
+    "back, or the consumers get nothing more (likely rabbitmq/rabbitmq-server#14589, fixed "
+    "in 4.2): jobs stranded in the queue, none run twice",
     strict=False,
 )
 @pytest.mark.timeout(900)
