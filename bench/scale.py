@@ -5,7 +5,10 @@ The figures the at-scale page (``docs/discussions/at-scale.md``) multiplies out 
 performance page compares: per job, the Redis round trips, commands and CPU time of its
 publish and of its run, and the bytes it leaves behind by kind of key and how long they
 stay (:mod:`bench.keep`); on RabbitMQ (``--amqp``), the broker's CPU time per job
-(``beam.smp``'s, from ``/proc``: run as a user who may read RabbitMQ's process).
+(``beam.smp``'s, from ``/proc``: run as a user who may read RabbitMQ's process); a
+failover list of a cluster's nodes (``--amqp "amqp://a:5700//;amqp://b:5701//;..."``)
+sums the CPU of every node's VM (:mod:`bench.beam` finds each by its port): the
+replication's share is the cluster's figure against one node's.
 
 The variants (:data:`VARIANTS`): the layer's reliable profile (``conv``), ``quiet``, the
 reliable profile without run history (``conv_noruns``: what run history costs), raw

@@ -9,13 +9,14 @@ around one phase; the round trips are the commands clients send, counted with
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench import beam
 
 
 @dataclass
@@ -69,20 +70,27 @@ def beam_pid() -> int | None:
 
 def beam_cpu(pid: int | None) -> float | None:
     """Seconds of CPU (user + system) the process has used."""
-    if pid is None:
-        return None
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return beam.cpu(pid)
+
+
+def beam_pids(amqp: str) -> list[int]:
+    """The VMs of the nodes ``amqp`` names (each of a cluster's, found by their ports:
+    :mod:`bench.beam`); else the first ``beam.smp`` of the machine."""
+    found = beam.pids(amqp)
+    if found:
+        return found
+    pid = beam_pid()
+    return [pid] if pid is not None else []
 
 
 class Meter:
     """The counters before a phase, and its cost per job after it."""
 
-    def __init__(self, client: Any, broker: str, variant: str, pid: int | None) -> None:
-        self.client, self.broker, self.variant, self.pid = client, broker, variant, pid
+    def __init__(self, client: Any, broker: str, variant: str, pids: list[int]) -> None:
+        self.client, self.broker, self.variant, self.pids = client, broker, variant, pids
         self.client.config_resetstat()
         self.start = _counters(client)
-        self.beam = beam_cpu(pid)
+        self.beam = beam.cpu_of(pids)
         self.t0 = time.monotonic()
 
     def done(self, phase: str, jobs: int, trips: Trips | None = None) -> Phase:
@@ -92,8 +100,8 @@ class Meter:
         delta = {k: v - before.get(k, 0) for k, v in calls.items()}
         delta.pop("config|resetstat", None)
         delta.pop("info", None)
-        beam = beam_cpu(self.pid)
-        rabbit = None if beam is None or self.beam is None else (beam - self.beam) / jobs * 1e6
+        vms = beam.cpu_of(self.pids)
+        rabbit = None if vms is None or self.beam is None else (vms - self.beam) / jobs * 1e6
         per = {k: round(v / jobs, 3) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])}
         found = Phase(
             phase, self.broker, self.variant, jobs, round(seconds, 2),

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import common, keep, procs
-from bench.scale_meter import Meter, Phase, Trips, beam_pid
+from bench.scale_meter import Meter, Phase, Trips, beam_pids
 
 #: the convention variants ``bench.scale`` measures (:mod:`bench.apps`) and the raw ones
 CONV = ("conv", "quiet", "conv_noruns")
@@ -53,9 +53,9 @@ def _measure(  # noqa: PLR0917
     client.flushdb()
     delay, app = _task(variant)
     broker = "rabbitmq" if amqp else "redis"
-    pid = beam_pid() if amqp else None
+    pids = beam_pids(amqp) if amqp else []
     delay(f"warm{run}")  # connections made and the queue declared first
-    meter = Meter(client, broker, variant, pid)
+    meter = Meter(client, broker, variant, pids)
     if trips is not None:
         trips.take()
     for n in range(jobs):
@@ -63,7 +63,7 @@ def _measure(  # noqa: PLR0917
     published = meter.done("publish", jobs, trips)
     worker = _worker(amqp, variant, app)
     try:
-        meter = Meter(client, broker, variant, pid)  # the worker's start is part of its cost
+        meter = Meter(client, broker, variant, pids)  # the worker's start is part of its cost
         worker.wait_ready()
         _drained(_poller(client), variant, jobs + 1)
         ran = meter.done("run", jobs, trips)

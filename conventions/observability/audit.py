@@ -70,9 +70,10 @@ def record(
     *,
     attempt: int = 0,
     detail: Mapping[str, Any] | None = None,
+    at: datetime | None = None,
 ) -> None:
-    """Write one audit event; never raises."""
+    """Write one audit event (as of ``at``, default now); never raises."""
     try:
-        store.add_audit(event(name, task, task_id, headers, attempt=attempt, detail=detail))
+        store.add_audit(event(name, task, task_id, headers, attempt=attempt, detail=detail, at=at))
     except Exception:
         logger.exception("could not record audit event %s of %s", name, task_id)

@@ -33,7 +33,7 @@ from celery.exceptions import QueueNotFound
 from conventions.config import profile, sentinel
 from conventions.config import settings as settingslib
 from conventions.jobs import routing
-from conventions.ops import doctor_cluster, doctor_time
+from conventions.ops import doctor_cluster, doctor_rabbitmq_cluster, doctor_time
 from conventions.ops.doctor_time import (
     broker_kind,
     consumer_timeout,
@@ -81,6 +81,8 @@ def static_checks(app: Any, *, server: bool = True, conf: Any = None) -> list[Fi
         for url in redis_servers(conf):
             findings.extend(_redis_server_checks(url, conf))
         findings.extend(doctor_cluster.server_findings(conf))
+        queues = {q.name for q in app.amqp.queues.values()} if settingslib.is_amqp(conf) else set()
+        findings.extend(doctor_rabbitmq_cluster.server_findings(conf, queues))
     return apply_levels(findings, conf)
 
 

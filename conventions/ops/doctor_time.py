@@ -19,7 +19,12 @@ from typing import Any
 
 from conventions.config import profile
 from conventions.config import settings as settingslib
-from conventions.ops import doctor_cluster, doctor_rabbitmq, doctor_sentinel
+from conventions.ops import (
+    doctor_cluster,
+    doctor_rabbitmq,
+    doctor_rabbitmq_cluster,
+    doctor_sentinel,
+)
 from conventions.ops.findings import ERROR, WARNING, Finding
 from conventions.transport.checks import BOUND_FACTOR, MAX_BOUND, MAX_RECOVERY
 
@@ -88,6 +93,7 @@ def config_findings(conf: Any) -> Iterator[Finding]:
     yield from doctor_sentinel.findings(conf)
     yield from doctor_cluster.config_findings(conf)
     yield from doctor_rabbitmq.config_findings(conf)
+    yield from doctor_rabbitmq_cluster.config_findings(conf)
     explicit = conf.get("conventions_max_countdown")
     if layer_transport(conf):
         yield from recovery_findings(conf)

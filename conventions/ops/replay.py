@@ -133,6 +133,10 @@ def replay(
             "forced": force,
             "replay_of_task_id": record.task_id,
         },
+        # as of the claim, before the publish: a worker may run the job before the
+        # broker's confirm reaches us (a RabbitMQ cluster confirms once a majority wrote
+        # it), and the trail must not say it was replayed after it succeeded
+        at=claimed,
     )
     return result
 

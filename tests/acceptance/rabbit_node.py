@@ -72,19 +72,27 @@ class Queue:
 class RabbitNode:
     """A private ``rabbitmq-server`` node in ``folder`` on ``port``."""
 
-    def __init__(self, folder: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        port: int | None = None,
+        home: Path | None = None,
+        conf: str = "",
+    ) -> None:
         server, ctl = _binary("rabbitmq-server"), _binary("rabbitmqctl")
         if server is None or ctl is None:
             raise RuntimeError("rabbitmq-server is not installed: the test needs its own node")
         self.server, self.ctl_binary = server, ctl
         self.folder = folder
+        #: where its Erlang cookie is (``HOME``): a cluster's nodes share one
+        self.home = home or folder
         self.port = port or free_port()
         self.name = f"cc{self.port}@localhost"
         self.restarts = 0
         (folder / "enabled_plugins").write_text("[].\n")
         (folder / "rabbitmq.conf").write_text(
             f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
-            "log.file.level = warning\n"
+            "log.file.level = warning\n" + conf
         )  # fmt: skip
 
     @property
@@ -98,7 +106,7 @@ class RabbitNode:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
         env.update({
-            "HOME": str(self.folder),  # its own Erlang cookie
+            "HOME": str(self.home),  # its own Erlang cookie
             "RABBITMQ_NODENAME": self.name,
             "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.port + DIST_OFFSET),

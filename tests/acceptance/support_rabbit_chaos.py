@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,28 @@ def _publish(count: int) -> None:
     print(f"published {count}", flush=True)
 
 
+def _publish_through(count: int, delayed: int, pace: float) -> None:
+    """Publish ``count`` events one by one, ``pace`` seconds apart (so that publishes go on
+    while nodes die and leaders are elected), the first ``delayed`` with a countdown of 5
+    to 25 s (they wait in ``celery_delayed_*`` while nodes die), as a caller told of a
+    refusal does: a ``.delay()`` that raised is said (``refused``) and made again until
+    RabbitMQ confirms it. A publish that returned is a confirmed one."""
+    refused = 0
+    for number, event_id in enumerate(event_ids(count)):
+        options: dict[str, Any] = {"countdown": 5 + number % 21} if number < delayed else {}
+        while True:
+            try:
+                pay.apply_async(kwargs={"event_id": event_id}, **options)
+                time.sleep(pace)
+                break
+            except Exception as exc:  # the caller is told: it tries again
+                refused += 1
+                print(f"refused {event_id}: {type(exc).__name__}: {exc}", flush=True)
+                time.sleep(0.5)
+    print(f"published {count} ({delayed} delayed), {refused} refused and made again",
+          flush=True)  # fmt: skip
+
+
 def _publish_pill(pill_id: str) -> None:
     print(pill.delay(pill_id=pill_id).id, flush=True)
 
@@ -134,6 +157,8 @@ def _publish_pill(pill_id: str) -> None:
 def main(argv: list[str]) -> Any:
     if argv[1] == "publish":
         return _publish(int(argv[2]))
+    if argv[1] == "publish-through":
+        return _publish_through(int(argv[2]), int(argv[3]), float(argv[4]))
     return _publish_pill(argv[2])
 
 

@@ -26,8 +26,12 @@ from conventions.config.profile import reliable
 from conventions.schedules import entries as schedules
 from conventions.task import ConventionTask
 
-#: the brokers the contract runs against
+#: the brokers the contract runs against in ``make test``
 BROKERS = ("redis", "rabbitmq")
+#: and on a 3-node RabbitMQ cluster of the test's own (``make chaos``: three nodes take
+#: about 17 s to start), given to the worker as a failover list in :data:`CLUSTER_URL_ENV`
+CLUSTER = "rabbitmq-cluster"
+CLUSTER_URL_ENV = "CC_CONTRACT_CLUSTER_URL"
 #: which broker the module-level ``app`` (a worker's ``-A``) uses
 BROKER_ENV = "CC_CONTRACT_BROKER"
 #: the RabbitMQ of the run (a vhost of its own on a shared machine)
@@ -75,7 +79,9 @@ def broker_url(broker: str) -> str:
         return os.environ["REDIS_URL"]
     if broker == "rabbitmq":
         return AMQP_URL
-    raise ValueError(f"unknown broker {broker!r}; one of {BROKERS}")
+    if broker == CLUSTER:
+        return os.environ[CLUSTER_URL_ENV]
+    raise ValueError(f"unknown broker {broker!r}; one of {(*BROKERS, CLUSTER)}")
 
 
 def counters() -> redis.Redis:

@@ -6,6 +6,11 @@ broker database) and ``rabbitmq`` (``TEST_AMQP_URL``), each against a real prefo
 (:mod:`tests.integration.support_contract`, built from ``reliable()``) and the run's real
 Redis store. One worker per broker for the whole module; effects are counted in the
 store, so each test asserts what happened, not what was logged.
+
+In ``make chaos`` every test runs a third time, ``broker`` = ``rabbitmq-cluster``: a
+3-node RabbitMQ cluster of the module's own (:mod:`tests.acceptance.rabbit_cluster`;
+quorum queues of three members, leaders spread), the app and worker given the failover
+list of the three nodes' URLs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from conventions.schedules.cadence import now
 from conventions.store.records import AuditEvent, Category, DeadLetter
 from conventions.transactional import outbox
 from conventions.transactional.relay import Relay
+from tests.acceptance import rabbit_cluster, rabbit_node
 from tests.acceptance.support_chaos import ROOT, Worker
 from tests.fixtures import unavailable
 from tests.integration import support_contract as sc
@@ -63,12 +69,30 @@ def _reachable(broker: str) -> None:
         unavailable(f"the {broker} broker", exc)
 
 
-@pytest.fixture(scope="module", params=sc.BROKERS)
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A 3-node RabbitMQ cluster of the module's own; its failover URL, also in
+    :data:`~tests.integration.support_contract.CLUSTER_URL_ENV` (for the worker)."""
+    if not rabbit_node.installed():
+        unavailable("rabbitmq-server (a cluster of the test's own)", FileNotFoundError("rabbitmq"))
+    with rabbit_cluster.private_cluster(tmp_path_factory.mktemp("rabbit-cluster")) as cluster:
+        os.environ[sc.CLUSTER_URL_ENV] = cluster.url
+        try:
+            yield cluster.url
+        finally:
+            os.environ.pop(sc.CLUSTER_URL_ENV, None)
+
+
+@pytest.fixture(
+    scope="module", params=[*sc.BROKERS, pytest.param(sc.CLUSTER, marks=pytest.mark.chaos)]
+)
 def contract(
     request: pytest.FixtureRequest, services: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Contract]:
     """The app of one broker and a worker subprocess on it (one per broker per module)."""
     broker = str(request.param)
+    if broker == sc.CLUSTER:
+        request.getfixturevalue("cluster_url")
     _reachable(broker)
     if broker == "rabbitmq":
         sc.reset_rabbitmq_queues()

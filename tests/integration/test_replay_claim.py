@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -148,3 +149,20 @@ def test_a_replay_whose_broker_is_unreachable_gives_its_claim_back(
     made.append(up)
     result = replay.replay(up, record.id, reason="fixed, again", actor="ops:ann")
     assert result.deduplicated is False and _published(queue) == 1
+
+
+def test_the_replayed_event_comes_before_its_jobs_own_events_in_the_trail(
+    store_url: str, queue: str, made: list[App]
+) -> None:
+    """The replay is on the record as of its claim, before the publish: a worker may run
+    the job (``published``, ``received``, ``succeeded``) before the publisher hears the
+    broker's confirm (on a RabbitMQ cluster, after a majority wrote it), and the trail
+    must not say the job was replayed after it succeeded."""
+    app = _app(BROKER, store_url, queue)
+    made.append(app)
+    record = _dead_letter(app)
+    correlation = f"corr-{uuid.uuid4().hex[:8]}"
+    app.store.put_dead_letter(replace(record, correlation_id=correlation))
+    result = replay.replay(app, record.id, reason="fixed", actor="ops:ann")
+    trail = [e.event for e in app.store.audit_for(correlation) if e.task_id == result.id]
+    assert trail[:2] == ["replayed", "published"], trail

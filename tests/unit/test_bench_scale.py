@@ -42,7 +42,7 @@ class FakeInfo:
 
 def test_a_phase_is_the_counters_difference_per_job() -> None:
     server = FakeInfo()
-    meter = scale.Meter(server, "redis", "conv", None)
+    meter = scale.Meter(server, "redis", "conv", [])
     server.calls["cmdstat_evalsha"]["calls"] = 300
     server.calls["cmdstat_get"]["calls"] = 100
     server.cpu += 0.05  # 50 ms of Redis CPU
@@ -107,3 +107,19 @@ def test_the_rabbitmq_rows_are_rate_ratios_of_the_same_rounds() -> None:
     rows = rabbitmq.rows(published, drained)
     assert [round(row.value, 2) for row in rows] == [0.5, 0.25, 0.9, 0.45, 0.5]
     assert [row.verdict() for row in rows[:1]] == ["met"]
+
+
+def test_a_cluster_url_names_each_nodes_port_and_a_listener_is_found_by_its_port() -> None:
+    import socket
+
+    from bench import beam
+
+    assert beam.ports("amqp://g:g@127.0.0.1:5700//;amqp://g:g@127.0.0.1:5701//;amqp://h//") == [
+        5700, 5701, 5672,
+    ]  # fmt: skip
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert beam.pids(f"amqp://127.0.0.1:{port}//") == [os.getpid()]
+    assert beam.cpu_of([]) is None
