@@ -55,7 +55,8 @@ SHOWS = {
 }
 #: commands that show no record of a producer's (they act, serve, or check the setup)
 SHOWS_NONE = {
-    "dlq replay", "dlq purge", "dlq poison", "retention", "metrics serve", "queues",
+    "dlq replay", "dlq purge", "dlq poison", "retention", "metrics serve", "queues pause",
+    "queues resume", "runs rerun",
     "doctor", "outbox relay", "outbox init", "schedule trigger", "schedule check",
     "schedule pause", "schedule resume", "web",
 }  # fmt: skip
