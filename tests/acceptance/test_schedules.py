@@ -68,6 +68,7 @@ def test_a_daily_bangkok_entry_names_the_bangkok_day_across_the_utc_day_boundary
     assert trail == ["published", "started", "succeeded", "deduplicated"]
 
 
+@pytest.mark.chaos  # a 35 s window of real beat ticks: a long run, in `make chaos`
 def test_a_skip_entry_whose_job_outlasts_its_interval_never_runs_twice_at_once(
     worker_process: Callable[..., Any], beat_process: Callable[..., Any]
 ) -> None:
@@ -105,6 +106,7 @@ def test_a_skip_entry_whose_job_outlasts_its_interval_never_runs_twice_at_once(
         assert start >= previous_end, f"two runs overlapped: {runs}"
 
 
+@pytest.mark.chaos  # minutes of watchdog runs on real beat ticks: a long run, in `make chaos`
 def test_with_no_worker_on_the_entrys_queue_the_watchdog_raises_one_alarm_in_the_window(
     worker_process: Callable[..., Any], beat_process: Callable[..., Any]
 ) -> None:
