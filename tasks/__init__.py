@@ -29,7 +29,9 @@ def __getattr__(name: str) -> Any:
         # the job modules register their bodies on the app: Celery imports them (the
         # app's ``include=``), as a worker does at start, for every user of ``tasks.app``
         celery.app.loader.import_default_modules()
-        return celery.app if name == "app" else importlib.import_module(f"tasks.{name}")
+        found = celery.app if name == "app" else importlib.import_module(f"tasks.{name}")
+        globals()[name] = found  # once: later reads find the attribute itself
+        return found
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")
 
 
