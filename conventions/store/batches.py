@@ -1,6 +1,6 @@
 """A batch's records in the store: what both backends keep and hand back.
 
-A batch (:mod:`conventions.jobs.batches`) is N member jobs and up to two callbacks. The
+A batch (:mod:`conventions.batches.declare`) is N member jobs and up to two callbacks. The
 store keeps, per batch, its counters (``pending``, ``succeeded``, ``failed``), each
 member's state and the state of each callback; per member, one of :data:`PENDING`,
 :data:`SUCCEEDED` or :data:`FAILED` (dead-lettered). A member's state moves in the same

@@ -38,8 +38,8 @@ from conventions.config.settings import (
 from conventions.store import keys, redis_done
 from conventions.store.base import KeyState
 from conventions.store.batches import BatchMove
-from conventions.store.redis_batches import with_batch
 from conventions.store.records import AuditEvent, Claim, ClaimStatus, Holder, utcnow
+from conventions.store.redis_batches import with_batch
 from conventions.store.redis_coordination import RedisCoordination, _ms
 from conventions.store.redis_records import RedisRecords
 from conventions.store.redis_results import ResultWrite, with_result

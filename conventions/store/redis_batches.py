@@ -179,9 +179,7 @@ class RedisBatches(keys.Scoped):
     def create_batch(self, spec: b.BatchSpec) -> bool:
         self._refuse_cluster()
         p = self.prefix
-        states = [
-            b.WAITING if which in spec.callbacks else b.NO_CALLBACK for which in b.CALLBACKS
-        ]
+        states = [b.WAITING if which in spec.callbacks else b.NO_CALLBACK for which in b.CALLBACKS]
         made = self._batch_create(
             keys=[keys.batch(spec.id, p), keys.batch_members(spec.id, p), p + keys.BATCHES_ALL],
             args=[spec.id, spec.document(), spec.parent or "", *states, *spec.members],
@@ -198,7 +196,9 @@ class RedisBatches(keys.Scoped):
 
     def callback_sent(self, batch_id: str, which: str) -> None:
         p = self.prefix
-        self._batch_sent(keys=[keys.batch(batch_id, p), p + keys.BATCHES_DUE], args=[batch_id, which])
+        self._batch_sent(
+            keys=[keys.batch(batch_id, p), p + keys.BATCHES_DUE], args=[batch_id, which]
+        )
 
     def due_callbacks(self, grace: float, limit: int = 100) -> list[str]:
         found = self._batch_due(keys=[self.prefix + keys.BATCHES_DUE], args=[grace, limit])

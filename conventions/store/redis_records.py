@@ -31,9 +31,9 @@ import redis
 from redis.commands.core import Script
 
 from conventions.store import counts, keys
+from conventions.store.batches import BatchMove
 from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.redis_audit import AUDIT, _compact, _events
-from conventions.store.batches import BatchMove
 from conventions.store.redis_batches import RedisBatches, with_batch
 from conventions.store.redis_runs import RedisRuns
 
@@ -181,7 +181,7 @@ class RedisRecords(RedisRuns, RedisBatches):
         batch callbacks it made due."""
         p = self._scope(record.id)
         indexes = keys.dead_letter_indexes(record.task, str(record.category), p)
-        script, keys_, args = self._put_dead_letter, [], []
+        script, keys_, args = self._put_dead_letter, list[str](), list[Any]()
         if batch is not None:
             script = self._put_dead_letter_batch
             keys_, args = self._batch_parts(batch)

@@ -36,13 +36,13 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store.base import KeyState
+from conventions.store.batches import BatchMove
 from conventions.store.records import (
     AuditEvent,
     Claim,
     ClaimStatus,
     Holder,
 )
-from conventions.store.batches import BatchMove
 from conventions.store.sql_batches import batch_tables
 from conventions.store.sql_records import SQLRecords
 from conventions.store.sql_runs import runs_table

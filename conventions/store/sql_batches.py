@@ -97,7 +97,8 @@ class SQLBatches(SQLTables):
         """Move ``move``'s member (then, as each batch ends, its entry in the parent) in
         the transaction of ``conn``; the callbacks made due."""
         fired: list[str] = []
-        member, outcome, task_id, dead = move.member, move.outcome, move.task_id, move.dead_letter_id
+        member, outcome = move.member, move.outcome
+        task_id, dead = move.task_id, move.dead_letter_id
         for batch_id in move.chain:
             before = self._move_member(conn, batch_id, (member, outcome, task_id, dead))
             if before is None:
@@ -162,7 +163,8 @@ class SQLBatches(SQLTables):
         with self._read() as conn:
             for which in b.CALLBACKS:
                 rows = conn.execute(
-                    sa.select(t.c.id).where(t.c[which] == b.DUE, t.c[f"{which}_due_at"] < self._later(-grace))
+                    sa.select(t.c.id)
+                    .where(t.c[which] == b.DUE, t.c[f"{which}_due_at"] < self._later(-grace))
                     .limit(limit)
                 )  # fmt: skip
                 found += [f"{row.id}|{which}" for row in rows]

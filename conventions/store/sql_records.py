@@ -18,8 +18,8 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store import counts
-from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.batches import BatchMove
+from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.sql_batches import SQLBatches
 from conventions.store.sql_runs import SQLRuns
 
