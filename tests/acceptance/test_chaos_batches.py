@@ -42,18 +42,27 @@ pytestmark = pytest.mark.chaos
 MEMBERS = 2000
 BAD = 7
 INCLUDE = "tests.acceptance.support_batch_chaos"
+#: ``support_raw_chord.RUNS`` (not imported here: that module makes a Celery app)
+RAW_RUNS = "raw-chord-runs:"
 #: the longest the batch may take to end, blows included (the sweep's 15 s period and
 #: 30 s grace included: a callback whose publisher died is published by it)
 DEADLINE = 200.0
 
 
 class BatchCrew(Crew):
-    """The chaos crew, whose workers also import the batch's jobs."""
+    """The chaos crew, whose workers also import the batch's jobs (or, ``raw``, raw
+    Celery's chord app)."""
+
+    raw = False
 
     def _start_one(self) -> None:
         with self.lock:
             name = f"batch-{len(self.all) + 1}"
-            worker = Worker("tasks", name, "email", self.env, self.folder, include=INCLUDE)
+            if self.raw:
+                app, queue, include = "tests.acceptance.support_raw_chord", "celery", ""
+            else:
+                app, queue, include = "tasks", "email", INCLUDE
+            worker = Worker(app, name, queue, self.env, self.folder, include=include)
             self.all.append(worker)
         worker.wait_ready()
         with self.lock:
@@ -76,9 +85,11 @@ def chaos_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
 
 
-def _helper(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+def _helper(
+    env: dict[str, str], *args: str, module: str = "tests.acceptance.support_batch_chaos"
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.acceptance.support_batch_chaos", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
@@ -168,6 +179,53 @@ def test_a_batch_of_two_thousand_through_kill_nines_and_a_redis_crash_calls_back
         print(f"bodies run: {len(bodies)} members, {sum(map(int, bodies.values()))} runs "
               f"(a member killed mid-run runs again: at least once)")  # fmt: skip
         assert len(bodies) == MEMBERS
+    finally:
+        crew.stop()
+        recorder.close()
+
+
+@pytest.mark.timeout(400)
+def test_raw_celerys_chord_under_the_same_blows_outcome_printed(
+    chaos_redis: RedisServer, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Not an assertion on Celery: what its chord did under the same five kill -9s and
+    Redis crash (late acks, reject on worker lost), printed for the docs to quote."""
+    seed = chaos_seed("batch-raw-chord")
+    rng = random.Random(seed)
+    key = f"raw-{seed:x}"
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    raw_env = {**env, "CONVENTIONS_VISIBILITY_TIMEOUT": "10"}
+    crew = BatchCrew("acks_late", raw_env, folder)
+    crew.raw = True
+    recorder = redis.Redis.from_url(chaos_redis.url(2), decode_responses=True)
+    blows: list[str] = []
+    try:
+        crew.start(2)
+        submitter = _helper(raw_env, key, str(MEMBERS), module="tests.acceptance.support_raw_chord")
+        plan = [partial(Crew.kill_nine, whole=True)] * 2 + [
+            partial(Crew.kill_nine, whole=False)
+        ] * 3
+        rng.shuffle(plan)
+        time.sleep(rng.uniform(1.0, 3.0))
+        for blow in plan[:3]:
+            blows.append(blow(crew, rng))
+            time.sleep(rng.uniform(0.3, 2.0))
+        print(_finished(submitter).strip())
+        down = rng.uniform(1.0, 3.0)
+        chaos_redis.restart(signal.SIGKILL, down=down)
+        blows.append(f"Redis kill -9, restarted from its AOF after {down:.1f}s down")
+        for blow in plan[3:]:
+            blows.append(blow(crew, rng))
+            time.sleep(rng.uniform(0.3, 2.0))
+        print("blows: " + "; ".join(blows))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not recorder.llen(RAW_RUNS + key):
+            time.sleep(1.0)
+        time.sleep(15.0)  # a second body run (a redelivered header) would show up now
+        runs = [json.loads(item) for item in recorder.lrange(RAW_RUNS + key, 0, -1)]
+        print(f"raw Celery chord of {MEMBERS} (late acks) through the same blows: "
+              f"its body ran {len(runs)} time(s): {runs}")  # fmt: skip
     finally:
         crew.stop()
         recorder.close()
