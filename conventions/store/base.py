@@ -216,6 +216,11 @@ class Store(Protocol):
         """The newest batches first, without their members."""
         ...
 
+    def purge_batches(self, older_than: datetime) -> int:
+        """Delete the batches that ended before ``older_than`` with no callback left due
+        (a batch not ended is kept); return how many."""
+        ...
+
     # -- audit trail --------------------------------------------------------------------
     def add_audit(self, event: AuditEvent) -> None: ...
 

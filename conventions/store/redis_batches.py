@@ -144,6 +144,25 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]), 'LI
   tonumber(ARGV[2]))
 """
 
+#: ARGV: prefix, cutoff (POSIX seconds), the candidate ids. Deletes each batch that ended
+#: before the cutoff with no callback left due (its hash, members, index entry); how many.
+_PURGE = f"""
+local prefix, cutoff, removed = ARGV[1], tonumber(ARGV[2]), 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local batch = prefix .. '{keys.BATCH}' .. id
+  local s = redis.call('HMGET', batch, 'ended_at', 'on_success', 'on_complete')
+  if not s[2] then  -- gone: only its index entry was left
+    redis.call('ZREM', KEYS[1], id)
+  elseif s[1] and tonumber(s[1]) < cutoff and s[2] ~= '{b.DUE}' and s[3] ~= '{b.DUE}' then
+    redis.call('DEL', batch, prefix .. '{keys.BATCH_MEMBERS}' .. id)
+    redis.call('ZREM', KEYS[1], id)
+    removed = removed + 1
+  end
+end
+return removed
+"""
+
 #: a member's end, by itself (a member that ended without a completion of its own: its
 #: key was done already, or its body skipped)
 _END_ALONE = with_batch("return 0")
@@ -158,6 +177,7 @@ class RedisBatches(keys.Scoped):
         self._batch_sent = register(_SENT)
         self._batch_due = register(_DUE)
         self._batch_end = register(_END_ALONE)
+        self._batch_purge = register(_PURGE)
 
     def _batch_parts(self, move: b.BatchMove) -> tuple[list[str], list[Any]]:
         """The leading KEYS and ARGV of a script made by :func:`with_batch`."""
@@ -203,6 +223,18 @@ class RedisBatches(keys.Scoped):
     def due_callbacks(self, grace: float, limit: int = 100) -> list[str]:
         found = self._batch_due(keys=[self.prefix + keys.BATCHES_DUE], args=[grace, limit])
         return [str(item) for item in cast("list[Any]", found)]
+
+    def purge_batches(self, older_than: datetime) -> int:
+        """Builds the batches' key names from the prefix in the script (one node only:
+        batches are refused on a cluster)."""
+        index = self.prefix + keys.BATCHES_ALL
+        cutoff = older_than.timestamp()
+        ids = cast("list[str]", self.client.zrangebyscore(index, "-inf", cutoff))
+        removed = 0
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            removed += int(self._batch_purge(keys=[index], args=[self.prefix, cutoff, *chunk]))
+        return removed
 
     def get_batch(self, batch_id: str, *, members: bool = True) -> b.BatchStatus | None:
         pipe = self.client.pipeline(transaction=False)

@@ -12,6 +12,7 @@ each other's move and exactly one of them sees ``pending`` reach 0.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from conventions.errors import ConfigurationError
@@ -42,6 +43,8 @@ def batch_tables(metadata: sa.MetaData, p: str) -> tuple[sa.Table, sa.Table]:
         *(sa.Column(which, sa.String(8), nullable=False) for which in b.CALLBACKS),
         *(sa.Column(f"{which}_due_at", UTCDateTime, nullable=True) for which in b.CALLBACKS),
         sa.Index(f"{p}batches_created", "created_at"),
+        # the sweep's look-up (every worker, every 15 s): the few callbacks due
+        *(sa.Index(f"{p}batches_{which}", which) for which in b.CALLBACKS),
     )
     members = sa.Table(
         f"{p}batch_members",
@@ -169,6 +172,15 @@ class SQLBatches(SQLTables):
                 )  # fmt: skip
                 found += [f"{row.id}|{which}" for row in rows]
         return found[:limit]
+
+    def purge_batches(self, older_than: datetime) -> int:
+        t, m = self.batches, self.batch_members
+        ended = sa.select(t.c.id).where(
+            t.c.ended_at < older_than, t.c.on_success != b.DUE, t.c.on_complete != b.DUE
+        )
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(m).where(m.c.batch_id.in_(ended)))
+            return int(conn.execute(sa.delete(t).where(t.c.id.in_(ended))).rowcount)
 
     def get_batch(self, batch_id: str, *, members: bool = True) -> b.BatchStatus | None:
         t, m = self.batches, self.batch_members

@@ -120,3 +120,20 @@ def test_a_due_callback_is_listed_for_the_sweep_until_it_is_marked_sent(store: S
     store.callback_sent(batch_id, b.ON_SUCCESS)
     assert store.due_callbacks(0) == [f"{batch_id}|{b.ON_COMPLETE}"]
     assert [found.id for found in store.list_batches()] == [batch_id]
+
+
+def test_retention_purges_the_ended_batches_only(store: Store) -> None:
+    from datetime import timedelta
+
+    from conventions.store.records import utcnow
+
+    ended, running, due = _batch(store, 1), _batch(store, 1), _batch(store, 1)
+    _end(store, (ended,), "m0", b.SUCCEEDED)
+    for which in b.CALLBACKS:
+        store.callback_sent(ended, which)
+    _end(store, (due,), "m0", b.SUCCEEDED)  # its callbacks are due, not sent yet
+    assert store.purge_batches(utcnow() - timedelta(hours=1)) == 0  # ended just now
+    assert store.purge_batches(utcnow() + timedelta(seconds=5)) == 1
+    assert store.get_batch(ended) is None
+    assert store.get_batch(running) is not None and store.get_batch(due) is not None
+    assert sorted(found.id for found in store.list_batches()) == sorted([running, due])
