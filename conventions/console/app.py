@@ -35,7 +35,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 from conventions.console import auth, csrf  # noqa: E402
 from conventions.console.context import Console, Refused, base_path, render  # noqa: E402
 from conventions.console.context import require as allowed  # noqa: E402
-from conventions.console.pages import deadletters, queues, runs, schedules, trace  # noqa: E402
+from conventions.console.pages import (  # noqa: E402
+    batches,
+    deadletters,
+    queues,
+    runs,
+    schedules,
+    trace,
+)
 from conventions.errors import ConfigurationError  # noqa: E402
 from conventions.store import key_forms  # noqa: E402
 
@@ -111,6 +118,7 @@ def routes() -> list[BaseRoute]:
         *deadletters.ROUTES,
         *trace.ROUTES,
         *schedules.ROUTES,
+        *batches.ROUTES,
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
 

@@ -51,6 +51,9 @@ SCHEDULE = "cc_schedule"
 OCCURRENCE = "cc_occurrence"
 #: the entry's overlap policy: ``skip``, ``replace`` or ``allow``
 OVERLAP = "cc_overlap"
+#: the batches this job is a member of, innermost first, comma-separated
+#: (:mod:`conventions.batches.declare`): kept across retries, deferrals and replays
+BATCH = "cc_batch"
 #: the W3C trace context of the span that published this job (``00-<trace>-<span>-<flags>``):
 #: written by OpenTelemetry's propagator when traces are on (``conventions.tracing.otel``),
 #: kept across retries and deferrals; in a worker, the run's own span (a dead letter keeps
@@ -77,6 +80,7 @@ ALL_HEADERS = (
     SCHEDULE,
     OCCURRENCE,
     OVERLAP,
+    BATCH,
     DUE,
     FIRST_SPAN,
     TRACEPARENT,
@@ -196,6 +200,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     **{name: lambda v: _text(v, MAX_ID) for name in (CORRELATION, REQUEST, CAUSATION, ACTOR)},
     **{name: lambda v: _text(v, MAX_ID) for name in (REPLAY_OF, SCHEDULE)},
     IDEMPOTENCY_KEY: lambda v: _text(v, MAX_KEY),
+    BATCH: lambda v: _text(v, MAX_KEY),
     ENQUEUED_AT: _time,
     FIRST_FAILED_AT: _time,
     OCCURRENCE: _time,

@@ -27,6 +27,7 @@ from typing import Any
 
 from celery import current_app, signals
 
+from conventions.batches import callbacks as batch_callbacks
 from conventions.config import settings
 from conventions.errors import ConfigurationError
 from conventions.observability import alerts
@@ -132,6 +133,7 @@ class Wiring:
     def worker_ready(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
             retention.start(self.app)
+            batch_callbacks.start(self.app)  # publishes the callbacks a crash left due
             queue_pauses.start(self.app, sender)  # sender: the consumer
             # RabbitMQ's quorum queues: the poison queue's consumer (else nothing)
             poison_queue.start(self.app, getattr(sender, "hostname", None))
@@ -139,6 +141,7 @@ class Wiring:
     def worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
             retention.stop(self.app)
+            batch_callbacks.stop(self.app)
             queue_pauses.stop(self.app, str(getattr(sender, "hostname", "")))
             poison_queue.stop(self.app)
 
