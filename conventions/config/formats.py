@@ -110,7 +110,10 @@ def message_refusal(headers: Mapping[str, Any]) -> str | None:
     """The dead letter's reason for a message whose ``cc_format`` is newer than this
     worker reads, or None (no header: an older release or a foreign producer, read as
     always; a value that is no version: the same, the header reader warns)."""
-    found = version_of(headers.get(HEADER))
+    raw = headers.get(HEADER)
+    if raw is None or raw == HEADERS:  # every message of this release or an older one
+        return None
+    found = version_of(raw)
     error = None if found is None else newer("headers", found)
     if error is None:
         return None
@@ -181,3 +184,9 @@ def stamp_problem(name: str, stamp: int | None) -> str | None:
             "`conventions migrate --apply`"
         )
     return None
+
+
+def stamp_problems(stamps: Mapping[str, int | None]) -> list[str]:
+    """:func:`stamp_problem` of each ``name -> stamp`` of ``stamps`` that has one, in
+    the order given (the doctor's errors; a worker refuses to start on any)."""
+    return [problem for name, stamp in stamps.items() if (problem := stamp_problem(name, stamp))]

@@ -171,6 +171,12 @@ def test_an_older_stamp_than_read_says_run_migrate(monkeypatch: pytest.MonkeyPat
     assert formats.stamp_problem("store_sql", 2) is None
 
 
+def test_the_problems_of_a_stores_stamps_are_listed_in_order() -> None:
+    stamps = {"transport_layout": 1, "store_redis": formats.STORE_REDIS + 1, "store_sql": None}
+    [problem] = formats.stamp_problems(stamps)
+    assert problem.startswith("the Redis store layout is version")
+
+
 # -- layouts this version promises (mixed fleets read them the same) ----------------------
 #: the transport's keys at ``TRANSPORT_LAYOUT`` 1: every worker of that layout, of any
 #: release, reads another's liveness and in-flight sets through exactly these names
