@@ -195,6 +195,17 @@ def _traceparent(value: Any) -> str:
     return text
 
 
+def trace_id(headers: Mapping[str, Any] | None) -> str | None:
+    """The W3C trace id of a job's ``traceparent`` header (what a tracing UI searches by),
+    or None when there is none or it is malformed (a foreign producer's)."""
+    value = (headers or {}).get(TRACEPARENT)
+    text = value.strip().lower() if isinstance(value, str) else ""
+    if not _TRACEPARENT.fullmatch(text) or text.startswith("ff-"):
+        return None
+    trace = text.split("-")[1]
+    return None if trace == "0" * 32 else trace
+
+
 _READERS: dict[str, Callable[[Any], Any]] = {
     **{name: lambda v: _text(v, MAX_ID) for name in (CORRELATION, REQUEST, CAUSATION, ACTOR)},
     **{name: lambda v: _text(v, MAX_ID) for name in (REPLAY_OF, SCHEDULE)},
