@@ -43,7 +43,7 @@ from conventions.console.pages import (  # noqa: E402
     schedules,
     trace,
 )
-from conventions.errors import ConfigurationError  # noqa: E402
+from conventions.errors import ConfigurationError, NewerFormat  # noqa: E402
 from conventions.store import key_forms  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -95,6 +95,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     message = {404: "no such page in the console", 405: "this page does not take that method"}
     text = message.get(exc.status_code, str(exc.detail))
     return render(request, None, "error.html", {"message": text}, status=exc.status_code)
+
+
+async def _newer(request: Request, exc: Exception) -> Response:
+    """A record written by a newer release of the layer: said on the page, never misread
+    (``conventions.config.formats``)."""
+    return render(request, None, "error.html", {"message": str(exc)}, status=409)
 
 
 async def _crashed(request: Request, exc: Exception) -> Response:
@@ -163,7 +169,9 @@ def console_app(
         raise ConfigurationError(str(exc)) from exc
     if shared is not None:
         console.secret, console.shared_secret = shared, True
-    handlers = {Refused: _refused, HTTPException: _http_error, Exception: _crashed}
+    handlers = {
+        Refused: _refused, HTTPException: _http_error, NewerFormat: _newer, Exception: _crashed,
+    }  # fmt: skip
     web = Starlette(routes=routes(), exception_handlers=handlers)
     web.state.console = console
     web.add_middleware(SecurityHeaders)

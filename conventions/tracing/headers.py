@@ -17,9 +17,15 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from conventions.config import formats
+
 _logger = logging.getLogger("conventions.tracing.headers")
 
 PREFIX = "cc_"
+#: the version of the headers and envelope of the message (``conventions.config.formats``):
+#: set on every publish by the publish hook, checked by the worker's consumer before
+#: anything else; absent on an older release's or a foreign producer's message
+FORMAT = formats.HEADER
 #: the story this job belongs to: one per web request, beat occurrence or foreign message
 CORRELATION = "cc_correlation"
 #: the web request id, when the story started in a web request
@@ -66,6 +72,7 @@ TRACESTATE = "tracestate"
 FIRST_SPAN = "cc_first_span"
 
 ALL_HEADERS = (
+    FORMAT,
     CORRELATION,
     REQUEST,
     CAUSATION,
@@ -149,6 +156,13 @@ def _count(value: Any) -> int:
     return value
 
 
+def _version(value: Any) -> int:
+    found = formats.version_of(value)
+    if found is None:
+        raise BadHeader(f"not a version from 1 to {formats.MAX_VERSION}")
+    return found
+
+
 def _flag(value: Any) -> str:
     if value in (True, 1, "1", "true", "True"):
         return "1"
@@ -206,6 +220,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     OCCURRENCE: _time,
     DUE: _time,
     RESUMED: _count,
+    FORMAT: _version,
     RECONCILE: _flag,
     OVERLAP: _overlap,
     LIMITS: _limits,
