@@ -41,7 +41,7 @@ from conventions.tracing.headers import READY
 from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from conventions.worker import delivery as runner
-from conventions.worker import signals
+from conventions.worker import hard_limits, signals
 from conventions.worker.exits import ExpectedDeadLetter
 
 logger = logging.getLogger("conventions.task")
@@ -70,6 +70,8 @@ class ConventionTask(Task):  # type: ignore[misc]
     #: a declared dead letter's exception is an expected outcome: Celery logs it at INFO
     #: without a traceback, the layer a warning naming the record
     throws = (ExpectedDeadLetter,)
+    #: the worker's request: its hard time limit hands the job's headers to ``on_failure``
+    Request = "conventions.worker.hard_limits:HardLimitRequest"
 
     #: the pydantic payload model
     payload: ClassVar[type[Payload]]
@@ -369,10 +371,12 @@ class ConventionTask(Task):  # type: ignore[misc]
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
-        """Celery calls this in the main process when the hard time limit kills a job;
+        """Celery calls this in the main process when the hard time limit kills a job
+        (with the job's request, headers and all: :mod:`conventions.worker.hard_limits`);
         every other failure was already decided by the runner in the child."""
         if isinstance(exc, TimeLimitExceeded):
-            runner.dead_letter_hard_timeout(self, task_id, kwargs, exc)
+            request = hard_limits.timed_out_request(task_id)
+            runner.dead_letter_hard_timeout(self, task_id, kwargs, exc, request)
 
     # -- run ---------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -37,8 +37,8 @@ from conventions.schedules import overlap
 from conventions.store import keys
 from conventions.store.batches import SUCCEEDED
 from conventions.store.records import AuditEvent, Category, Claim, ClaimStatus
+from conventions.tracing import context, logs, scrubbing, spans
 from conventions.tracing import headers as hdr
-from conventions.tracing import logs, scrubbing, spans
 from conventions.tracing.context import Trace
 from conventions.tracing.headers import READY
 from conventions.worker import signals
@@ -421,20 +421,29 @@ class Delivery(Exits):
 
 
 def dead_letter_hard_timeout(
-    task: JobTask, task_id: str, kwargs: dict[str, Any], exc: BaseException
+    task: JobTask, task_id: str, kwargs: dict[str, Any], exc: BaseException, request: Any = None
 ) -> None:
     """The hard time limit killed the job's process: Celery acks the message in the main
     process, so the dead letter is written here, and the enqueue reservation dropped.
 
     The job ignored its soft time limit (which would have been retried), so it is
-    treated as a bug: alerted, kept for triage and replay. Only the payload is known in
-    the main process: our headers stay with the killed child.
+    treated as a bug: alerted, kept for triage and replay. ``request`` is the job's
+    request as the worker received it (:mod:`conventions.worker.hard_limits`): its
+    headers go into the record, so a batch member ends in its batch (``cc_batch``) in
+    the same step, and its replay still belongs to the batch. Without it (a task whose
+    ``Request`` is not the layer's), only the payload is known.
     """
-    request = SimpleNamespace(id=task_id, retries=0, hostname=None, delivery_info={})
-    delivery = Delivery(task, request, {}, dict(kwargs or {}))
+    headers: dict[str, Any] = {}
+    refused: dict[str, Any] = {}
+    if request is not None:
+        headers, refused = deadletter.our_headers(request)
+        headers[hdr.CORRELATION] = context.from_request(request).correlation_id
+    else:
+        request = SimpleNamespace(id=task_id, retries=0, hostname=None, delivery_info={})
+    delivery = Delivery(task, request, headers, dict(kwargs or {}), refused=refused)
     try:
         payload = task.upcast_payload(task.payload.parse(delivery.kwargs, task=task.name))
-        delivery.key = task.run_key(payload, {})[0]  # namespaced, as the store keeps it
+        delivery.key = task.run_key(payload, headers)[0]  # namespaced, as the store keeps it
     except PayloadError:
         delivery.key = None
     reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"

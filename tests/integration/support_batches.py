@@ -42,6 +42,25 @@ def batch_item(payload: Item, ctx: JobContext) -> str:
     return "ok"
 
 
+@app.job(
+    "testing.batch_hang.v1", payload=Item, key="batch-hang:{item_id}", workload="email",
+    time_limit=3.0, soft_time_limit=1.0,
+)  # fmt: skip
+def batch_hang(payload: Item, ctx: JobContext) -> str:
+    """Ignores its soft time limit until it is fixed, so the hard limit kills its process."""
+    import time
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    deadline = time.monotonic() + 30
+    while app.store.get_state(FIXED + payload.item_id) is None and time.monotonic() < deadline:
+        try:
+            time.sleep(0.1)
+        except SoftTimeLimitExceeded:
+            continue
+    return "ok"
+
+
 def _record(which: str, payload: BatchDone, ctx: JobContext) -> str:
     status = app.store.get_batch(payload.batch_id)
     assert status is not None
