@@ -1,6 +1,8 @@
 """A batch of 2,000 jobs through kill -9 of pool processes and whole workers and a
 Redis crash with AOF: its callbacks run once each, after the last member ended, with the
-right counts; dead-lettered members replayed afterwards fire ``on_success`` once.
+right counts; dead-lettered members replayed afterwards fire ``on_success`` once. The
+same with a batch of 500 on RabbitMQ (quorum queues; a private node,
+:mod:`tests.acceptance.rabbit_node`), the store on Redis, through kill -9s only.
 
 The run is :mod:`tests.acceptance.chaos_runs`' crew (two prefork workers kept alive, a
 killed one replaced) on a Redis server of the test's own (AOF, fsync always). The blows
@@ -25,7 +27,9 @@ import pytest
 import redis
 
 from conventions.store.redis import RedisStore
+from tests.acceptance import rabbit_node
 from tests.acceptance.chaos_runs import Crew
+from tests.acceptance.rabbit_node import RabbitNode
 from tests.acceptance.support_batch_chaos import BODIES, RUNS
 from tests.acceptance.support_chaos import (
     ROOT,
@@ -36,6 +40,7 @@ from tests.acceptance.support_chaos import (
     shop_database,
     worker_env,
 )
+from tests.fixtures import unavailable
 
 pytestmark = pytest.mark.chaos
 
@@ -83,6 +88,16 @@ def chaos_redis(tmp_path: Path) -> Iterator[RedisServer]:
     folder.mkdir()
     with own_redis(folder) as server:
         yield server
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[RabbitNode]:
+    if not rabbit_node.installed():
+        unavailable("rabbitmq-server (a node of the test's own)", FileNotFoundError("rabbitmq"))
+    folder = tmp_path / "rabbit"
+    folder.mkdir()
+    with rabbit_node.private_node(folder) as started:
+        yield started
 
 
 def _helper(
@@ -182,6 +197,69 @@ def test_a_batch_of_two_thousand_through_kill_nines_and_a_redis_crash_calls_back
     finally:
         crew.stop()
         recorder.close()
+
+
+def _kill_nines(crew: Crew, rng: random.Random, wholes: int, children: int) -> list[str]:
+    """``wholes`` whole workers and ``children`` pool processes killed (-9), in an order
+    the seed picks, 0.3 to 2 s apart."""
+    plan = [partial(Crew.kill_nine, whole=True)] * wholes
+    plan += [partial(Crew.kill_nine, whole=False)] * children
+    rng.shuffle(plan)
+    blows = []
+    for blow in plan:
+        blows.append(blow(crew, rng))
+        time.sleep(rng.uniform(0.3, 2.0))
+    return blows
+
+
+@pytest.mark.timeout(600)
+def test_a_batch_of_five_hundred_on_rabbitmq_through_kill_nines_calls_back_once(
+    node: RabbitNode, chaos_redis: RedisServer, tmp_path: Path
+) -> None:
+    """The broker is RabbitMQ (the workload queue a quorum queue, as the profile makes
+    it), the store and the callbacks' records on Redis: five kill -9s (two whole
+    workers, three pool processes) while the members run."""
+    members, bad = 500, 5
+    seed = chaos_seed("batch-rabbitmq")
+    rng = random.Random(seed)
+    key = f"chaos-rabbit-{seed:x}"
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    recorder = redis.Redis.from_url(chaos_redis.url(2), decode_responses=True)
+    with shop_database(1) as engine:
+        env = worker_env(chaos_redis, engine, CELERY_BROKER_URL=node.url)
+        crew = BatchCrew("ours", env, folder)
+        try:
+            crew.start(2)
+            assert "quorum" in node.ctl("list_queues", "name", "type").split("email", 1)[1]
+            submitter = _helper(env, "submit", key, str(members), str(bad))
+            time.sleep(rng.uniform(1.0, 3.0))
+            blows = _kill_nines(crew, rng, wholes=2, children=3)
+            print(_finished(submitter).strip())
+            print("blows: " + "; ".join(blows))
+
+            runs = _wait_runs(recorder, key, 1, time.monotonic() + DEADLINE)
+            print(f"after the blows: {runs}")
+            assert [run["which"] for run in runs] == ["on_complete"], runs
+            assert runs[0] == {
+                "which": "on_complete", "pending": 0, "succeeded": members - bad,
+                "failed": bad, "dead": bad, "ended_members": members, "total": members,
+            }, runs[0]  # fmt: skip
+
+            print(_finished(_helper(env, "replay", key)).strip())
+            runs = _wait_runs(recorder, key, 2, time.monotonic() + DEADLINE)
+            print(f"after the replays: {runs}")
+            assert [run["which"] for run in runs] == ["on_complete", "on_success"], runs
+            assert runs[1] == {
+                "which": "on_success", "pending": 0, "succeeded": members, "failed": 0,
+                "dead": 0, "ended_members": members, "total": members,
+            }, runs[1]  # fmt: skip
+            bodies = recorder.hgetall(BODIES + "all")
+            print(f"bodies run: {len(bodies)} members, {sum(map(int, bodies.values()))} runs")
+            assert len(bodies) == members
+        finally:
+            crew.stop()
+            recorder.close()
 
 
 @pytest.mark.timeout(400)
