@@ -240,10 +240,13 @@ def trace(app: App, correlation_id: str, as_json: bool) -> int:
     help=f"keep runs this long after they were queued (default {RUNS_RETENTION.days}d)",
 )
 def retention(app: App, dead_letters: timedelta, audit: timedelta, runs: timedelta) -> int:
-    """Purge old dead letters, audit events and runs."""
+    """Purge old dead letters, audit events and runs, and the batches that ended before
+    the dead-letter retention with no callback left due (as the workers' purge does)."""
     now = datetime.now(UTC)
     count = app.store.purge_dead_letters(now - dead_letters)
     print(f"deleted {count} dead letters last failed before {fmt.when(now - dead_letters)}")
+    count = app.store.purge_batches(now - dead_letters)
+    print(f"deleted {count} batches ended before {fmt.when(now - dead_letters)}, none due")
     count = app.store.purge_audit(now - audit)
     print(f"deleted {count} audit events of trails idle since before {fmt.when(now - audit)}")
     count = app.store.purge_runs(now - runs)

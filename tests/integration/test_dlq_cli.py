@@ -330,6 +330,31 @@ def test_retention_with_its_defaults_keeps_a_fresh_dead_letter(
     assert app.store.get_dead_letter(record.id) is not None
 
 
+def test_retention_purges_the_batches_that_ended_before_the_dead_letter_retention(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from conventions.store import batches as b
+
+    callbacks = {b.ON_COMPLETE: {"task": "t.done.v1"}}
+    ended, running = (f"cli-{name}-{uuid.uuid4().hex[:8]}" for name in ("ended", "running"))
+    for batch_id in (ended, running):
+        assert app.store.create_batch(b.BatchSpec(batch_id, ("m0", "m1"), callbacks))
+    app.store.end_member(b.BatchMove((ended,), "m0", b.SUCCEEDED, "t-0"))
+    app.store.end_member(b.BatchMove((ended,), "m1", b.SUCCEEDED, "t-1"))
+    app.store.callback_sent(ended, b.ON_COMPLETE)
+
+    code, out, _ = run(["retention"], capsys)  # 30 days: both kept
+    assert code == 0
+    assert out.splitlines()[1].startswith("deleted 0 batches ended before")
+    time.sleep(0.05)
+    code, out, _ = run(["retention", "--dead-letters", "0s"], capsys)
+
+    assert code == 0
+    assert out.splitlines()[1].startswith("deleted 1 batches ended before")
+    assert app.store.get_batch(ended) is None
+    assert app.store.get_batch(running) is not None  # never ended: kept
+
+
 def test_trace_shows_the_job_its_events_and_the_replay_beneath_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
