@@ -170,6 +170,20 @@ class ConventionTask(Task):  # type: ignore[misc]
                 task=self.name,
             )
         data, key, headers = self.prepare(kwargs, options)
+        # a batch member's keys are in its batch's slot on Redis Cluster (keys.batch_home)
+        with keys.batch_home(key, keys.batch_root(headers.get(hdr.BATCH))):
+            return self._reserve_and_publish(data, key, headers, task_id, celery_args, options)
+
+    def _reserve_and_publish(  # noqa: PLR0917
+        self,
+        data: dict[str, Any],
+        key: str,
+        headers: dict[str, Any],
+        task_id: str | None,
+        celery_args: tuple[Any, ...],
+        options: dict[str, Any],
+    ) -> AsyncResult:
+        producer, link, link_error, shadow = celery_args
         fingerprint = keys.fingerprint(self.name, data)  # one key, one payload
         task_id = task_id or str(uuid.uuid4())
         store = self.store

@@ -102,7 +102,8 @@ class Batch:
                 f"batch {self.id!r}: two members share an idempotency key (they would be one job)"
             )
         parent = self.parent.id if self.parent else None
-        return b.BatchSpec(self.id, tuple(names), self.callbacks, parent)
+        root = self.chain[-1] if self.parent else None
+        return b.BatchSpec(self.id, tuple(names), self.callbacks, parent, root)
 
     def _all(self) -> list[Batch]:
         return [self, *(grand for child in self.children for grand in child._all())]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from conventions.store import keys
 from conventions.store.base import Store
 
 logger = logging.getLogger("conventions.capacity.leases")
@@ -26,8 +27,9 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        #: (kind, name, owner) -> (store, ttl); kind is "ledger" or "lease"
-        self._leases: dict[tuple[str, str, str], tuple[Store, float]] = {}
+        #: (kind, name, owner) -> (store, ttl, batch home); kind is "ledger" or "lease"; the
+        #: batch home of a member's claim (:func:`conventions.store.keys.batch_home`)
+        self._leases: dict[tuple[str, str, str], tuple[Store, float, tuple[str, str] | None]] = {}
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         #: how long the thread sleeps between renewals now
@@ -49,7 +51,7 @@ class LeaseKeeper:
 
     def _add(self, item: tuple[str, str, str], store: Store, ttl: float) -> None:
         with self._lock:
-            self._leases[item] = (store, ttl)
+            self._leases[item] = (store, ttl, keys.current_home())
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="conventions-lease-keeper", daemon=True
@@ -71,14 +73,15 @@ class LeaseKeeper:
             with self._lock:
                 items = list(self._leases.items())
                 self._interval = max(
-                    min((ttl for _, ttl in self._leases.values()), default=30.0) / 3, 0.05
+                    min((ttl for _, ttl, _ in self._leases.values()), default=30.0) / 3, 0.05
                 )
             if self._wake.wait(self._interval):
                 self._wake.clear()
                 continue
-            for item, (store, ttl) in items:
+            for item, (store, ttl, home) in items:
                 if self._held(item):  # else it was dropped since the snapshot
-                    self._renew(item, store, ttl)
+                    with keys.batch_home(*(home or (None, None))):
+                        self._renew(item, store, ttl)
 
     def _renew(self, item: tuple[str, str, str], store: Store, ttl: float) -> None:
         kind, name, owner = item

@@ -67,6 +67,9 @@ class BatchSpec:
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: the batch this one is a member of
     parent: str | None = None
+    #: the outermost batch of its tree, when it is nested (on Redis Cluster, a tree's
+    #: keys are in its root's slot)
+    root: str | None = None
 
     def document(self) -> str:
         """The JSON the store keeps of it (callbacks and parent)."""

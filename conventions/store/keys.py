@@ -27,6 +27,7 @@ Layout (``{p}`` is the prefix)::
     {p}batch-m:{id}             hash    member name -> <state>|<task id>|<dead-letter id>
     {p}batches:all              zset    batch id -> created (POSIX seconds)
     {p}batches:due              zset    <batch id>|<callback> -> when it became due
+    {p}batch-home:{id}          string  on Redis Cluster: a nested batch's root batch id
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
@@ -35,9 +36,12 @@ On Redis Cluster (:func:`scope`) every name above gets a hash tag after the pref
 ``{p}{<tag>}:ledger:{key}``: one of :data:`CLUSTER_PARTITIONS` tags, chosen by the job's
 idempotency key (a record's id, a lease's name), so that one job's reservation, ledger
 entry, delivery counter, run record and audit events share one slot and one script
-moves them. The fleet-wide indexes (``dl:all``, ``audit:by-time``, ``run:all``,
-``counts``) exist once per partition and are read by scatter-gather. On one Redis node
-the names are exactly the ones above (no tag).
+moves them. A batch tree (its root, its nested batches) and its members' job keys are
+in the partition of its root batch (:func:`batch_home`), so that a member's completion
+and its batches' counters are one script. The fleet-wide indexes (``dl:all``,
+``audit:by-time``, ``run:all``, ``counts``, ``batches:all``, ``batches:due``) exist once
+per partition and are read by scatter-gather. On one Redis node the names are exactly
+the ones above (no tag).
 
 Idempotency keys themselves are namespaced by task here too (:func:`namespaced`): the
 store keeps ``payments.apply_event:payment-event:evt_1``, never the bare key a template
@@ -52,6 +56,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Final
 
 from conventions.errors import PayloadError
@@ -118,6 +125,8 @@ BATCH_MEMBERS: Final = "batch-m:"
 BATCHES_ALL: Final = "batches:all"
 #: the batch callbacks made due and not yet marked sent (the sweep's list)
 BATCHES_DUE: Final = "batches:due"
+#: on Redis Cluster, a nested batch's root (its tree's partition), in its own partition
+BATCH_HOME: Final = "batch-home:"
 
 
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -324,11 +333,64 @@ def partition(source: str) -> int:
 def scope(prefix: str, source: str | None, clustered: bool) -> str:
     """The prefix of the keys of ``source`` (see :func:`partition`): ``prefix`` itself on
     one Redis node (the names never change there), and ``prefix{<tag>}:`` on Redis
-    Cluster, so that every key of one job hashes to one slot. The one naming function
-    both stores use."""
+    Cluster, so that every key of one job hashes to one slot. A batch member's job keys
+    are in its batch tree's partition instead (:func:`batch_home`). The one naming
+    function both stores use."""
     if not clustered:
         return prefix
+    home = _HOME.get()
+    if home is not None and source == home[0]:
+        source = batch_source(home[1])
     return tagged(prefix, partition(source or ""))
+
+
+#: on Redis Cluster, the job key whose keys live in a batch tree's partition, and the
+#: tree's root batch id (:func:`batch_home`)
+_HOME: ContextVar[tuple[str, str] | None] = ContextVar("cc_batch_home", default=None)
+
+
+def batch_source(root: str) -> str:
+    """What the partition of a batch tree (the root batch ``root``, its nested batches,
+    and every member's job keys) is chosen by."""
+    return f"{BATCH}{root}"
+
+
+def batch_root(chain: object) -> str | None:
+    """The root batch of a ``cc_batch`` chain (ids innermost first), or None."""
+    ids = [part for part in str(chain or "").split(",") if part]
+    return ids[-1] if ids else None
+
+
+def current_home() -> tuple[str, str] | None:
+    """The batch home in force here (to carry into another thread: :func:`batch_home`)."""
+    return _HOME.get()
+
+
+@contextmanager
+def batch_home(key: str | None, root: str | None) -> Iterator[None]:
+    """Within it, on Redis Cluster, the keys of job ``key`` (its reservation, ledger
+    entry, delivery counter, done entry, run record, audit events) are in the partition
+    of batch tree ``root``, so that the member's completion and its batch's counter are
+    one script on one slot. Nothing changes when either is None, or on one node."""
+    if not key or not root:
+        yield
+        return
+    token = _HOME.set((key, root))
+    try:
+        yield
+    finally:
+        _HOME.reset(token)
+
+
+def id_in_partition(source: str, make: Callable[[], str]) -> str:
+    """An id from ``make`` whose partition is ``source``'s (a dead letter of a batch
+    member, written in its batch's slot, and still found by its id alone). 64 tries on
+    average, each a hash."""
+    target = partition(source)
+    while True:
+        candidate = make()
+        if partition(candidate) == target:
+            return candidate
 
 
 def tagged(prefix: str, index: int) -> str:

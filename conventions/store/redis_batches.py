@@ -8,8 +8,9 @@ wrapped by :func:`with_batch`, which takes the batch's KEYS and ARGV from the fr
 :func:`~conventions.store.redis_results.with_result` does) and runs :data:`BATCH_END`
 after it. A job that is in no batch runs the plain script: no key, no byte more.
 
-Every key of a batch is declared; on Redis Cluster the member's keys and the batch's
-would be in different slots, so batches are refused there (said in the docs).
+Every key of a batch is declared. On Redis Cluster a batch tree's keys and its members'
+job keys share its root's partition (:func:`conventions.store.keys.batch_home`): one
+batch is one slot, so its throughput is one shard's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from conventions.errors import ConfigurationError
 from conventions.store import batches as b
 from conventions.store import keys
 
@@ -169,7 +169,12 @@ _END_ALONE = with_batch("return 0")
 
 
 class RedisBatches(keys.Scoped):
-    """Batches on one Redis node (a part of :class:`~conventions.store.redis.RedisStore`)."""
+    """Batches on one Redis node or a Redis Cluster (a part of
+    :class:`~conventions.store.redis.RedisStore`). On a cluster a batch tree's keys are
+    in its root's partition (:func:`keys.batch_source`), and so are its members' job keys
+    while they run (:func:`keys.batch_home`): one slot for every script that ends a
+    member. A nested batch's root is found by ``{p}batch-home:{id}`` in its own
+    partition; the indexes (``batches:all``, ``batches:due``) exist once per partition."""
 
     def _register_batches(self) -> None:
         register = self.client.register_script
@@ -179,26 +184,39 @@ class RedisBatches(keys.Scoped):
         self._batch_end = register(_END_ALONE)
         self._batch_purge = register(_PURGE)
 
+    def _tree(self, root: str) -> str:
+        """The prefix of the keys of batch tree ``root`` (the plain prefix on one node)."""
+        return self._scope(keys.batch_source(root))
+
+    def _root_of(self, batch_id: str) -> str:
+        """The root of batch ``batch_id``'s tree: itself, or on a cluster the one its
+        home names when it is nested (one read)."""
+        if not self.clustered:
+            return batch_id
+        root = self.client.get(f"{self._tree(batch_id)}{keys.BATCH_HOME}{batch_id}")
+        return str(root) if root else batch_id
+
+    def _batch_scope(self, batch_id: str) -> str:
+        """The prefix of batch ``batch_id``'s keys: its tree's."""
+        return self._tree(self._root_of(batch_id))
+
     def _batch_parts(self, move: b.BatchMove) -> tuple[list[str], list[Any]]:
         """The leading KEYS and ARGV of a script made by :func:`with_batch`."""
-        self._refuse_cluster()
+        p = self._tree(move.chain[-1])
         keys_: list[str] = []
         for batch_id in move.chain:
-            keys_ += [keys.batch(batch_id, self.prefix), keys.batch_members(batch_id, self.prefix)]
-        keys_.append(f"{self.prefix}{keys.BATCHES_DUE}")
+            keys_ += [keys.batch(batch_id, p), keys.batch_members(batch_id, p)]
+        keys_.append(f"{p}{keys.BATCHES_DUE}")
         args = [len(move.chain), move.member, move.outcome, move.task_id, move.dead_letter_id]
         return keys_, args
 
-    def _refuse_cluster(self) -> None:
-        if self.clustered:
-            raise ConfigurationError(
-                "batches are not supported on a Redis Cluster store: a batch's counter "
-                "must move in the members' scripts (use one Redis node or PostgreSQL)"
-            )
-
     def create_batch(self, spec: b.BatchSpec) -> bool:
-        self._refuse_cluster()
-        p = self.prefix
+        root = spec.root or spec.id
+        if self.clustered and spec.parent and not spec.root:  # a spec that does not say
+            root = self._root_of(spec.parent)
+        p = self._tree(root)
+        if self.clustered and root != spec.id:  # the home first: a made batch is found
+            self.client.set(f"{self._tree(spec.id)}{keys.BATCH_HOME}{spec.id}", root)
         states = [b.WAITING if which in spec.callbacks else b.NO_CALLBACK for which in b.CALLBACKS]
         made = self._batch_create(
             keys=[keys.batch(spec.id, p), keys.batch_members(spec.id, p), p + keys.BATCHES_ALL],
@@ -207,7 +225,7 @@ class RedisBatches(keys.Scoped):
         return bool(made)
 
     def mark_batch_published(self, batch_id: str) -> None:
-        self.client.hset(keys.batch(batch_id, self.prefix), "published", 1)
+        self.client.hset(keys.batch(batch_id, self._batch_scope(batch_id)), "published", 1)
 
     def end_member(self, move: b.BatchMove) -> list[str]:
         keys_, args = self._batch_parts(move)
@@ -215,42 +233,55 @@ class RedisBatches(keys.Scoped):
         return list(fired)
 
     def callback_sent(self, batch_id: str, which: str) -> None:
-        p = self.prefix
+        p = self._batch_scope(batch_id)
         self._batch_sent(
             keys=[keys.batch(batch_id, p), p + keys.BATCHES_DUE], args=[batch_id, which]
         )
 
     def due_callbacks(self, grace: float, limit: int = 100) -> list[str]:
-        found = self._batch_due(keys=[self.prefix + keys.BATCHES_DUE], args=[grace, limit])
-        return [str(item) for item in cast("list[Any]", found)]
+        found: list[str] = []
+        for p in self._scopes():  # one on one node; each partition on a cluster
+            due = self._batch_due(keys=[p + keys.BATCHES_DUE], args=[grace, limit - len(found)])
+            found += [str(item) for item in cast("list[Any]", due)]
+            if len(found) >= limit:
+                break
+        return found
 
     def purge_batches(self, older_than: datetime) -> int:
-        """Builds the batches' key names from the prefix in the script (one node only:
-        batches are refused on a cluster)."""
-        index = self.prefix + keys.BATCHES_ALL
+        """Builds the batches' key names from the partition's prefix in the script (a
+        batch tree's keys are all in its partition)."""
         cutoff = older_than.timestamp()
-        ids = cast("list[str]", self.client.zrangebyscore(index, "-inf", cutoff))
         removed = 0
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            removed += int(self._batch_purge(keys=[index], args=[self.prefix, cutoff, *chunk]))
+        for p in self._scopes():
+            index = p + keys.BATCHES_ALL
+            ids = cast("list[str]", self.client.zrangebyscore(index, "-inf", cutoff))
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                removed += int(self._batch_purge(keys=[index], args=[p, cutoff, *chunk]))
         return removed
 
     def get_batch(self, batch_id: str, *, members: bool = True) -> b.BatchStatus | None:
+        p = self._batch_scope(batch_id)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(keys.batch(batch_id, self.prefix))
+        pipe.hgetall(keys.batch(batch_id, p))
         if members:
-            pipe.hgetall(keys.batch_members(batch_id, self.prefix))
+            pipe.hgetall(keys.batch_members(batch_id, p))
         found = pipe.execute()
         if not found[0]:
             return None
         return _status(found[0], found[1] if members else {})
 
     def list_batches(self, limit: int = 100) -> list[b.BatchStatus]:
-        ids = self.client.zrevrange(self.prefix + keys.BATCHES_ALL, 0, max(limit - 1, 0))
+        newest: list[tuple[float, str, str]] = []
+        for p in self._scopes():
+            for batch_id, created in self.client.zrevrange(
+                p + keys.BATCHES_ALL, 0, max(limit - 1, 0), withscores=True
+            ):
+                newest.append((float(created), str(batch_id), p))
+        newest = sorted(newest, reverse=True)[:limit]
         pipe = self.client.pipeline(transaction=False)
-        for batch_id in cast("list[str]", ids):
-            pipe.hgetall(keys.batch(batch_id, self.prefix))
+        for _, batch_id, p in newest:
+            pipe.hgetall(keys.batch(batch_id, p))
         return [_status(found, {}) for found in pipe.execute() if found]
 
 

@@ -123,7 +123,11 @@ class Delivery(Exits):
     def perform(self, args: Any, trace: Trace) -> Any:
         """Validate, pass the dependency limits, then claim, run and record."""
         payload = self.validate(args)
-        with limits.admitted(self):  # dependency tokens and slots, before the claim
+        # a batch member's keys are in its batch's slot on Redis Cluster (keys.batch_home)
+        with (
+            keys.batch_home(self.key, keys.batch_root(self.headers.get(hdr.BATCH))),
+            limits.admitted(self),  # dependency tokens and slots, before the claim
+        ):
             return self.execute(payload, trace)
 
     def validate(self, args: Any) -> Payload:
@@ -447,5 +451,8 @@ def dead_letter_hard_timeout(
     except PayloadError:
         delivery.key = None
     reason = f"killed by the hard time limit ({exc}): it ignored its soft time limit"
-    with contextlib.suppress(Ignore, Reject):  # store down: published again (``defer``)
+    with (
+        keys.batch_home(delivery.key, keys.batch_root(headers.get(hdr.BATCH))),
+        contextlib.suppress(Ignore, Reject),  # store down: published again (``defer``)
+    ):
         delivery.dead_letter(exc, Category.BUG, reason, alert=True)

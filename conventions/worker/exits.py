@@ -10,7 +10,9 @@ the store is its only home), and a store that cannot take the record keeps the j
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery._state import get_current_task
@@ -215,6 +217,10 @@ class Exits:
         task, request = self.task, self.request
         record = self.record(exc, category, reason)
         reserved = self.key or self.carried_reservation()
+        root = keys.batch_root(self.headers.get(hdr.BATCH)) if self.key else None
+        if root:  # its id in its batch tree's partition: one script (keys.batch_home)
+            new_id = keys.id_in_partition(keys.batch_source(root), lambda: uuid.uuid4().hex)
+            record = dataclasses.replace(record, id=new_id)
         move = self.batch_move(FAILED, record.id)
         try:
             # the reservation first: a written record never leaves its key reserved

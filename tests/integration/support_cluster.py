@@ -10,6 +10,7 @@ of its own and kills a master (:meth:`Cluster.kill`).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -21,8 +22,11 @@ from pathlib import Path
 
 import redis
 
-#: the contract suite's cluster: three masters, no replicas
-CONTRACT_PORTS = (7100, 7101, 7102)
+#: the contract suite's cluster: three masters, no replicas (``TEST_CLUSTER_PORTS=7300,
+#: 7301,7302`` gives a run ports of its own beside others on a machine)
+CONTRACT_PORTS = tuple(
+    int(port) for port in os.environ.get("TEST_CLUSTER_PORTS", "7100,7101,7102").split(",")
+)
 #: milliseconds before a master that does not answer is failed over by its replica
 NODE_TIMEOUT_MS = 1000
 

@@ -1,9 +1,11 @@
-"""The batches part of the store contract, on Redis, PostgreSQL and SQLite: a member
-moves once per outcome, members ending at once from many threads make the callbacks due
-exactly once, a replayed member fires ``on_success``, a nested batch moves its parent,
-and a due callback stays listed until it is marked sent.
+"""The batches part of the store contract, on Redis, Redis Cluster, PostgreSQL and
+SQLite: a member moves once per outcome, members ending at once from many threads make
+the callbacks due exactly once, a replayed member fires ``on_success``, a nested batch
+moves its parent, and a due callback stays listed until it is marked sent.
 
-(Redis Cluster refuses batches: a member's keys and its batch's are in different slots.)
+On the cluster a batch tree's keys are in its root's slot, and so are a member's job
+keys while it runs (``keys.batch_home``): its completion and its dead letter move the
+batch in one script (the last two tests).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conventions.store import Store
+from conventions.store import Store, keys
 from conventions.store import batches as b
+from conventions.store.records import ClaimStatus
 from conventions.store.redis import RedisStore
 from tests.integration.test_store_contract import (  # noqa: F401  (fixtures)
     _wipe_redis,
     _wipe_sql,
+    cluster_backend,
+    dead_letter,
     postgresql_backend,
     redis_backend,
     sqlite_backend,
@@ -28,7 +33,7 @@ from tests.integration.test_store_contract import (  # noqa: F401  (fixtures)
 CALLBACKS = {b.ON_SUCCESS: {"task": "t.ok.v1"}, b.ON_COMPLETE: {"task": "t.done.v1"}}
 
 
-@pytest.fixture(params=["redis", "postgresql", "sqlite"])
+@pytest.fixture(params=["redis", "cluster", "postgresql", "sqlite"])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     backend = request.getfixturevalue(f"{request.param}_backend")
     try:
@@ -137,3 +142,43 @@ def test_retention_purges_the_ended_batches_only(store: Store) -> None:
     assert store.get_batch(ended) is None
     assert store.get_batch(running) is not None and store.get_batch(due) is not None
     assert sorted(found.id for found in store.list_batches()) == sorted([running, due])
+
+
+def test_a_members_claim_and_completion_end_it_in_its_batch_in_its_slot(store: Store) -> None:
+    """The job path of a member: its reservation, claim and completion (with the move)
+    in its batch's home; on the cluster every key of that script is in one slot (a
+    CROSSSLOT error otherwise)."""
+    child = f"c-{uuid.uuid4().hex[:8]}"
+    parent = _batch(store, 0, nested=child)
+    spec = b.BatchSpec(child, ("t.item:one", "t.item:two"), CALLBACKS, parent, parent)
+    assert store.create_batch(spec)
+    for n, member in enumerate(("t.item:one", "t.item:two")):
+        with keys.batch_home(member, parent):
+            assert store.reserve(member, f"job-{n}", 60) is None
+            assert store.claim(member, f"run-{n}", 60, f"job-{n}").status is ClaimStatus.CLAIMED
+            fired = store.complete(
+                member, f"run-{n}", "ok", 60, f"job-{n}",
+                batch=b.BatchMove((child, parent), member, b.SUCCEEDED, f"job-{n}"),
+            )  # fmt: skip
+            assert store.claim(member, f"run-{n}b", 60, f"job-{n}").status is ClaimStatus.DONE
+    assert sorted(fired) == sorted(f"{i}|{w}" for i in (child, parent) for w in b.CALLBACKS)
+    for batch_id in (child, parent):
+        status = store.get_batch(batch_id)
+        assert status is not None and (status.pending, status.failed) == (0, 0)
+    assert status.succeeded == 1  # the nested batch, one member of its parent
+
+
+def test_a_members_dead_letter_ends_it_in_its_batch_and_is_found_by_its_id(store: Store) -> None:
+    batch_id = _batch(store, 1)
+    member = "m0"
+    record_id = keys.id_in_partition(keys.batch_source(batch_id), lambda: uuid.uuid4().hex)
+    record = dead_letter(record_id)
+    with keys.batch_home(member, batch_id):
+        fired = store.put_dead_letter(
+            record, batch=b.BatchMove((batch_id,), member, b.FAILED, "job-m0", record_id)
+        )
+    assert fired == [f"{batch_id}|{b.ON_COMPLETE}"]
+    found = store.get_dead_letter(record_id)
+    assert found is not None and found.id == record_id
+    status = store.get_batch(batch_id)
+    assert status is not None and status.dead_letter_ids == [record_id]
