@@ -19,6 +19,7 @@ overwrites its own record. :func:`drain` runs the same handling once, in the for
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -30,10 +31,12 @@ from typing import Any
 
 from celery.exceptions import Reject
 
+from conventions.batches import callbacks as batch_callbacks
 from conventions.config import settings
 from conventions.observability import audit
 from conventions.observability.deadletters import MAX_MESSAGE, capped_headers, scrub
 from conventions.store import keys
+from conventions.store.batches import FAILED, BatchMove
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.transport import amqp_queues
@@ -97,6 +100,25 @@ def record_id(headers: Mapping[str, Any]) -> str:
     return uuid.uuid5(NAMESPACE, seed).hex
 
 
+def batch_move(headers: Mapping[str, Any], key: str | None, dead: DeadLetter) -> BatchMove | None:
+    """The member's end as failed, when the message is a batch member's (``cc_batch``)."""
+    chain = hdr.read_header(hdr.BATCH, headers.get(hdr.BATCH))
+    ids = tuple(part for part in str(chain or "").split(",") if part)
+    if not ids or not key or not dead.task:
+        return None
+    return BatchMove(ids, key, FAILED, dead.task_id, dead.id)
+
+
+def batch_record_id(headers: Mapping[str, Any], root: str) -> str:
+    """:func:`record_id` drawn in the partition of batch tree ``root``: the same for every
+    delivery of one message, and written in the batch's slot on Redis Cluster."""
+    seeds = iter(range(1 << 20))
+    base = record_id(headers)
+    return keys.id_in_partition(
+        keys.batch_source(root), lambda: uuid.uuid5(NAMESPACE, f"{base}:{next(seeds)}").hex
+    )
+
+
 def dead_letter_of(app: Any, message: Any, worker: str) -> DeadLetter:
     """The ``poison`` record of a dead-lettered message: its kwargs when it is a
     well-formed job (so that it replays), else its raw body; a body over
@@ -145,15 +167,26 @@ def handle(app: Any, message: Any, worker: str) -> bool:
         )
         return True
     dead = dead_letter_of(app, message, worker)
+    key = keys.namespaced(dead.task, dead.idempotency_key) if dead.idempotency_key else None
+    move = batch_move(headers, key, dead)
+    if move is not None:  # its id in its batch's partition, as stable (keys.batch_home)
+        dead = dataclasses.replace(dead, id=batch_record_id(headers, move.chain[-1]))
+        move = dataclasses.replace(move, dead_letter_id=dead.id)
     try:
         store = app.store
-        if dead.idempotency_key and dead.task:  # the producer's reservation, as the
-            # layer's own dead letters drop it: else a replay would dedup against it
-            store.unreserve(keys.namespaced(dead.task, dead.idempotency_key), dead.task_id)
-        store.put_dead_letter(dead)
+        with keys.batch_home(key, move.chain[-1] if move else None):
+            if key and dead.task:  # the producer's reservation, as the layer's own dead
+                # letters drop it: else a replay would dedup against it
+                store.unreserve(key, dead.task_id)
+            # a batch member ends as failed in the same step (else its batch never ends)
+            fired = store.put_dead_letter(dead, batch=move) if move else None
+            if move is None:
+                store.put_dead_letter(dead)
     except Exception as exc:
         logger.warning("poison queue: cannot record %s yet: %r", dead.task_id or "-", exc)
         return False
+    if fired:
+        batch_callbacks.publish_due(app, fired)
     traced = {**hdr.read_headers(headers)[0], hdr.CORRELATION: dead.correlation_id}
     audit.record(
         store, "dead_lettered", dead.task, dead.task_id, traced,

@@ -29,7 +29,9 @@ from kombu import Connection, Queue
 
 from conventions.errors import Unroutable
 from conventions.ops import replay as replaylib
+from conventions.store import batches as b
 from conventions.store.records import Category, DeadLetter
+from conventions.tracing import headers as hdr
 from conventions.transport import amqp_queues
 from conventions.worker import poison_queue
 from tests.fixtures import unavailable
@@ -232,10 +234,10 @@ def _close_store(app: Any) -> None:
 # -- the poison queue --------------------------------------------------------------------
 
 
-def _past_the_delivery_limit(item: str) -> str:
+def _past_the_delivery_limit(item: str, headers: dict[str, str] | None = None) -> str:
     """Publish a side job and give it back to RabbitMQ until it dead-letters it at its
     delivery limit (what a worker killed each time does): its task id."""
-    result = q.sided.delay(item_id=item)
+    result = q.sided.apply_async(kwargs={"item_id": item}, headers=headers)
     with _connection() as connection:
         channel = connection.channel()
         for _ in range(q.LIMIT + 1):  # delivered LIMIT + 1 times, then dead-lettered
@@ -277,6 +279,23 @@ def test_a_message_past_its_delivery_limit_becomes_a_poison_record_that_replays(
     assert replayed.deduplicated is False
     assert _declared(q.SIDE) == (1, 0)
     _take(q.SIDE, count=1)
+
+
+def test_a_batch_member_past_its_delivery_limit_ends_failed_in_its_batch(broker: None) -> None:
+    """RabbitMQ dead-letters a member no worker could ack (killed each time): its poison
+    record ends it in its batch in the same step, so the batch ends (else its callback
+    would never run), and the record names it as the batch's dead letter."""
+    item, batch_id = f"p{uuid.uuid4().hex[:8]}", f"poison-batch-{uuid.uuid4().hex[:8]}"
+    member = q.sided.prepare({"item_id": item}, {})[1]  # its namespaced key
+    spec = b.BatchSpec(batch_id, (member,))
+    assert q.app.store.create_batch(spec)
+    task_id = _past_the_delivery_limit(item, {hdr.BATCH: batch_id})
+    assert poison_queue.drain(q.app, worker="test") == (1, 0)
+    record = _record(task_id)
+    assert record is not None and record.category is Category.POISON
+    status = q.app.store.get_batch(batch_id)
+    assert status is not None and (status.pending, status.failed) == (0, 1)
+    assert status.dead_letter_ids == [record.id] and status.ended_at is not None
 
 
 class Tripwire:
