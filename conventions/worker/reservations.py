@@ -31,6 +31,7 @@ from typing import Any
 
 from conventions.jobs.protocol import JobTask
 from conventions.observability import audit
+from conventions.store import keys as naming
 from conventions.tracing import headers as hdr
 
 logger = logging.getLogger("conventions.worker.reservations")
@@ -67,8 +68,9 @@ def release(task: JobTask, task_id: str, request: Any, *, expired: bool, termina
         return
     key, headers[hdr.IDEMPOTENCY_KEY] = keys
     store = task.store
-    if task.dedup == "until_done":
-        store.unreserve(key, task_id)
+    if task.dedup == "until_done":  # a batch member's is in its batch's slot on a cluster
+        with naming.batch_home(key, naming.batch_root(headers.get(hdr.BATCH))):
+            store.unreserve(key, task_id)
     audit.record(
         store, "expired" if expired else "revoked", task.name, task_id, headers,
         attempt=int(getattr(request, "retries", 0) or 0),
