@@ -1,7 +1,9 @@
 """Batches with the store on a Redis Cluster (three masters of the session's own), run
 by a real ``celery`` worker: a nested batch and its parent call back once each after
-every member ended, a failed member's replay fires ``on_success`` once; every member's
-keys were in its batch tree's slot (``keys.batch_home``), so each end was one script."""
+every member ended, a failed member's replay fires ``on_success`` once, and so does a
+member killed by its hard time limit (its dead letter written by the worker's main
+process); every member's keys were in its batch tree's slot (``keys.batch_home``), so
+each end was one script."""
 
 from __future__ import annotations
 
@@ -84,3 +86,32 @@ def test_nested_batches_on_a_cluster_store_call_back_once_and_a_replay_fires_on_
     assert len(jobs.runs(inner)) == 1  # the inner batch has no on_success: nothing more
     listed = {status.id for status in app.store.list_batches()}
     assert {outer, inner} <= listed
+
+
+def test_a_member_killed_by_its_hard_time_limit_ends_its_batch_on_a_cluster_store(
+    worker_process: Callable[..., Any], cluster_store: str
+) -> None:
+    """The dead letter the worker's main process writes is in the batch's slot too."""
+    levels = os.environ.get("CONVENTIONS_DOCTOR_LEVELS", "")
+    worker_process(
+        "cluster-hard", "email", concurrency=2, include=INCLUDE,
+        CONVENTIONS_STORE_URL=cluster_store,
+        CONVENTIONS_DOCTOR_LEVELS=f"{levels},cluster-master-without-replica=warning",
+    )  # fmt: skip
+    key = f"cluster-hard-{uuid.uuid4().hex[:8]}"
+    hang = f"{key}-hang"
+    batch = app.batch(key, on_success=jobs.batch_success.s(), on_complete=jobs.batch_complete.s())
+    batch.add(jobs.batch_item, item_id=f"{key}-0")
+    batch.add(jobs.batch_hang, item_id=hang)
+    batch.submit()
+
+    (complete,) = wait_for(lambda: jobs.runs(key), timeout=90, every=0.5)
+    assert (complete["pending"], complete["succeeded"], complete["failed"]) == (0, 1, 1)
+    (dead_id,) = complete["dead"]  # type: ignore[misc]
+    record = app.store.get_dead_letter(str(dead_id))
+    assert record is not None and "hard time limit" in record.message
+    app.store.put_state(jobs.FIXED + hang, {"fixed": True}, ttl=600)
+    replay(app, str(dead_id), reason="fixed", actor="test")
+    runs = wait_for(lambda: (r := jobs.runs(key)) and len(r) >= 2 and r, timeout=90, every=0.5)
+    assert [run["which"] for run in runs] == ["on_complete", "on_success"]
+    assert (runs[1]["succeeded"], runs[1]["failed"]) == (2, 0)
