@@ -83,7 +83,10 @@ def idle_cpu(nodes: list[redis.Redis], seconds: float = 5.0) -> list[float]:
     """Each master's CPU while nothing talks to it (cron, the cluster bus), µs per s."""
     before = [_cpu_and_calls(n)[0] for n in nodes]
     time.sleep(seconds)
-    return [round((_cpu_and_calls(n)[0] - b) / seconds * 1e6, 1) for n, b in zip(nodes, before, strict=True)]
+    return [
+        round((_cpu_and_calls(n)[0] - b) / seconds * 1e6, 1)
+        for n, b in zip(nodes, before, strict=True)
+    ]
 
 
 def partitions(ports: list[int]) -> list[int]:
@@ -167,7 +170,8 @@ def child(store: str, ports: list[int], jobs: int, variant: str) -> dict[str, An
 
 def _spawn(store: str, ports: list[int], jobs: int, variant: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "bench.scale_cluster", "--child", store,
-            "--ports", ",".join(map(str, ports)), "--jobs", str(jobs), "--variant", variant]  # fmt: skip
+            "--ports", ",".join(map(str, ports)), "--jobs", str(jobs),
+            "--variant", variant]  # fmt: skip
     out = subprocess.run(argv, cwd=common.ROOT, env=common.env(), capture_output=True,
                          text=True, check=False)  # fmt: skip
     if out.returncode:
@@ -227,7 +231,9 @@ def measure(jobs: int, rounds: int, variant: str) -> dict[str, Any]:
 
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(own_redis())
-        os.environ["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{broker.connection_pool.connection_kwargs['port']}/0"
+        os.environ["BENCH_REDIS_URL"] = (
+            f"redis://127.0.0.1:{broker.connection_pool.connection_kwargs['port']}/0"
+        )
         alone = stack.enter_context(own_redis())
         alone_port = int(alone.connection_pool.connection_kwargs["port"])
         one = stack.enter_context(redis_cluster.running(1, redis_cluster.FIRST_PORT + 10))
@@ -240,7 +246,7 @@ def measure(jobs: int, rounds: int, variant: str) -> dict[str, Any]:
         seen: dict[str, list[dict[str, Any]]] = {name: [] for name in plans}
         names = list(plans)
         for i in range(rounds):
-            for name in names[i % len(names):] + names[: i % len(names)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 print(f"# round {i + 1}: {name}", file=sys.stderr, flush=True)
                 seen[name].append(_spawn(*plans[name], jobs, variant))
     out = {name: _median_runs(runs, plans[name][1]) for name, runs in seen.items()}
@@ -264,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = results.load()
     found = measure(args.jobs, max(1, args.rounds), args.variant)
-    command = " ".join(["python -m bench.scale_cluster", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(
+        ["python -m bench.scale_cluster", *(argv if argv is not None else sys.argv[1:])]
+    )
     data = {**results.meta(command, start), "jobs": args.jobs, "rounds": args.rounds, **found}
     if args.out:
         results.write(args.out, data)
