@@ -6,15 +6,17 @@ each opening its share as threads, every one a kombu ``Connection`` on the layer
 transport (``conventions.transport.redis:Transport``) with a ``Consumer`` of the queues
 and a drain loop, as a worker's main process does: its fetch with its back-off, its
 keeper (beats, sweeps, the delayed mover), its connections. Nothing is published: the
-fleet is idle. On a ``redis-server`` of this run's own (nothing else talks to it), over
-``--seconds`` after a warm-up: the commands clients sent per second (``INFO
-commandstats``; a script counts once, as its ``EVAL``/``EVALSHA``), by command; Redis's
-CPU per second (``INFO cpu``); the connections held (``INFO clients``). ``--real N`` also
-runs ``N`` real ``celery worker --pool solo`` processes (the reliable profile, ``bench.apps:
-conv``, events on: their heartbeats are Celery's), the same way.
+fleet is idle. On a ``redis-server`` of this run's own (nothing else talks to it), after
+a warm-up: Redis's CPU per second (``INFO cpu``) and the connections held (``INFO
+clients``) over ``--seconds``; then, over as long again, the commands clients sent per
+second, by command, as ``MONITOR`` sees them (a script counts once, a ``MULTI``/``EXEC``
+once; a window of its own, so that MONITOR's cost stays out of the CPU). ``--real N``
+also runs ``N`` real ``celery worker --pool solo`` processes (the reliable profile,
+``bench.apps:conv``, events on: their heartbeats are Celery's), the same way.
 
-The sweep's cost is measured apart: one sweep (a keeper's dead-consumer check and
-kombu's restore of the unacked set) with the fleet registered, its commands and its Redis
+The sweep's cost is measured apart: one sweep (a keeper's dead-consumer check, one
+script; kombu's restore of the unacked set follows it, counted in the fleet's commands)
+with the fleet registered, its commands and its Redis
 CPU over many calls; the fleet sends ``consumers / (recovery_timeout / 3)`` a second.
 """
 
@@ -39,43 +41,50 @@ from bench import common, results
 TRANSPORT = "conventions.transport.redis:Transport"
 #: the profile's default ``recovery_timeout``: a sweep every third of it per consumer
 RECOVERY_TIMEOUT = 30.0
-#: commands only scripts call here (a script counts once, as its EVAL/EVALSHA)
-INNER = {"zrange", "lmove", "time", "hset", "zadd", "zrem", "lpush", "hget", "hdel",
-         "zscore", "lrem", "zcard", "del", "ltrim", "expire", "hmset", "pexpire", "zrangebyscore",
-         "smembers", "hgetall", "exists", "rpush", "zpopmin", "zmpop", "lrange",
-         "llen"}  # fmt: skip
-#: the bench's own reads
-OWN = {"info", "client|list", "ping"}
+
+
+#: what a sweep sends: its script (what the script runs inside is not a command sent)
+SCRIPTS = {"eval", "evalsha"}
 
 
 def _stats(client: redis.Redis) -> tuple[dict[str, int], float]:
     stats = client.info("commandstats")
     calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    return calls, _cpu(client)
+
+
+def _cpu(client: redis.Redis) -> float:
     cpu = client.info("cpu")
-    return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def window(client: redis.Redis, seconds: float, size: int) -> dict[str, Any]:
-    """The fleet's cost over ``seconds``: commands sent per second (in all and per
-    consumer), by command, Redis CPU, connections."""
-    calls0, cpu0 = _stats(client)
-    t0 = time.monotonic()
+    """The fleet's cost: Redis CPU per second and the connections over ``seconds``; then,
+    over as long again, the commands clients sent (``MONITOR``, :class:`bench.scale_meter.
+    Trips`: a script is one, what it runs inside is not; a ``MULTI``/``EXEC`` is one), in
+    all and per consumer, by command. Apart, so that MONITOR's own cost stays out of the
+    CPU."""
+    from bench.scale_meter import Trips
+
+    cpu0, t0 = _cpu(client), time.monotonic()
     time.sleep(seconds)
-    calls1, cpu1 = _stats(client)
-    took = time.monotonic() - t0
-    delta = {k: v - calls0.get(k, 0) for k, v in calls1.items() if k not in OWN}
-    sent = {k: v for k, v in delta.items() if v and k not in INNER}
+    cpu = (_cpu(client) - cpu0) / (time.monotonic() - t0)
+    connections = int(client.info("clients")["connected_clients"]) - 1
+    with Trips(int(client.connection_pool.connection_kwargs["port"])) as trips:
+        trips.take()
+        t1 = time.monotonic()
+        time.sleep(seconds)
+        sent = trips.take()
+        took = time.monotonic() - t1
     total = sum(sent.values()) / took
     return {
         "seconds": round(took, 1),
         "commands_per_s": round(total, 1),
         "commands_per_s_per_consumer": round(total / size, 2),
-        "by_command_per_s": {k: round(v / took, 2)
-                             for k, v in sorted(sent.items(), key=lambda kv: -kv[1])},
-        "inner_per_s": round(sum(v for k, v in delta.items() if k in INNER) / took, 1),
-        "redis_cpu_us_per_s": round((cpu1 - cpu0) / took * 1e6),
-        "connections": int(client.info("clients")["connected_clients"]) - 1,
-    }  # fmt: skip
+        "by_command_per_s": {k: round(v / took, 2) for k, v in sent.most_common()},
+        "redis_cpu_us_per_s": round(cpu * 1e6),
+        "connections": connections,
+    }
 
 
 def consume(url: str, consumers: int, queues: int) -> None:
@@ -172,7 +181,7 @@ def sweep(client: redis.Redis, size: int, calls: int = 500) -> dict[str, Any]:
     for _ in range(calls):
         liveness.give_back_dead(client, "sweeper", grace=RECOVERY_TIMEOUT)
     calls1, cpu1 = _stats(client)
-    sent = sum(v - calls0.get(k, 0) for k, v in calls1.items() if k not in INNER | OWN)
+    sent = sum(v - calls0.get(k, 0) for k, v in calls1.items() if k in SCRIPTS)
     per_cpu = (cpu1 - cpu0) / calls * 1e6
     rate = size / (RECOVERY_TIMEOUT / 3)
     client.flushdb()
