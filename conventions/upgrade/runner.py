@@ -135,13 +135,20 @@ class _Keeper(threading.Thread):
                 continue
 
 
-def lock(place: Place, owner: str, wait: float, ttl: float) -> None:
-    """Take ``place``'s lock, waiting up to ``wait`` seconds; Refused naming the holder."""
+def lock(
+    place: Place, owner: str, wait: float, ttl: float, echo: Callable[[str], None] = print
+) -> None:
+    """Take ``place``'s lock, waiting up to ``wait`` seconds (said once); Refused naming
+    the holder."""
     deadline = time.monotonic() + wait
+    said = False
     while True:
         holder = place.stamp.acquire(owner, ttl)
         if holder is None:
             return
+        if not said and wait > 0:
+            echo(f"  waiting up to {wait:g}s for the lock another migrate holds ({holder})")
+            said = True
         if time.monotonic() >= deadline:
             raise Refused(
                 f"another migrate holds {place.label} ({holder}); waited {wait:g}s "
@@ -163,7 +170,7 @@ def apply_place(
 ) -> int:
     """Run ``place``'s pending steps under its lock; how many ran."""
     owner = owner_id()
-    lock(place, owner, wait, lock_ttl)
+    lock(place, owner, wait, lock_ttl, echo)
     keeper = _Keeper(place, owner, lock_ttl)
     keeper.start()
     ran = 0

@@ -120,13 +120,20 @@ def probe_app(tmp_path: Path, store: str, kind: str) -> Path:
     return tmp_path
 
 
-def spawn(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    """``python -m conventions -A migrate_probe migrate ARGS``, a real process."""
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+def spawn(tmp_path: Path, *args: str, out: Path | None = None) -> subprocess.Popen[str]:
+    """``python -m conventions -A migrate_probe migrate ARGS``, a real process (its
+    output, unbuffered, into the file ``out`` when given)."""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "conventions", "-A", "migrate_probe", "migrate", *args]
-    return subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    if out is None:
+        return subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+    with out.open("w") as sink:
+        return subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True
+        )
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
