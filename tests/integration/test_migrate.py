@@ -4,7 +4,11 @@ refuses, a pending one names the command)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -12,7 +16,15 @@ import redis
 from conventions import App
 from conventions.ops import doctor_formats
 from conventions.upgrade import places
-from tests.integration.support_migrate import STORE, migrate, new_app, redis_dbs
+from conventions.worker import lifecycle
+from tests.integration.support_migrate import (
+    HANG_GUARD,
+    STORE,
+    migrate,
+    new_app,
+    probe_app,
+    redis_dbs,
+)
 
 __all__ = ["new_app", "redis_dbs"]
 
@@ -140,3 +152,21 @@ def test_conventions_doctor_reads_the_stamps_without_writing_them(
 
     assert found == []
     assert store.hgetall("cc:format") == {}
+
+
+def test_a_real_worker_refuses_to_start_on_a_store_stamped_by_a_newer_release(
+    redis_dbs: Dbs, tmp_path: Path
+) -> None:
+    _, store = redis_dbs
+    store.hset("cc:format", "store_redis", places.CURRENT["store_redis"] + 1)
+    probe_app(tmp_path, STORE, "redis_store")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "migrate_probe", "worker", "--pool", "solo",
+         "--loglevel", "WARNING"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == lifecycle.EX_CONFIG, done.stderr[-2000:]
+    assert "format-newer-than-release" in done.stderr
