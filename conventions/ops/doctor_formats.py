@@ -41,7 +41,13 @@ def format_findings(app: Any, *, write: bool, timeout: float = TIMEOUT) -> list[
         return []
     try:
         with places(app, timeout) as found:
-            return [f for place in found for f in place_findings(place, write=write)]
+            findings = [f for place in found for f in place_findings(place, write=write)]
+            for place in found:
+                if place.kind == "sql_store":
+                    # at worker start, before the pool forks: no pooled connection is
+                    # left for the children to inherit (SQLAlchemy's advice)
+                    place.handle._engine.dispose()
+            return findings
     except Exception as exc:  # no store configured, a place that does not answer
         return [_unreadable("stores", exc)]
 

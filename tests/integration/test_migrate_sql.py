@@ -11,8 +11,10 @@ import redis
 import sqlalchemy as sa
 
 from conventions import App
+from conventions.ops import doctor_formats
 from conventions.store.sql import SQLStore, make_engine
 from conventions.store.sql_stamps import SQLStamp
+from conventions.upgrade import places
 from tests.integration.support_migrate import migrate, new_app, postgres_url, redis_dbs, sql_url
 
 __all__ = ["new_app", "postgres_url", "redis_dbs", "sql_url"]
@@ -110,3 +112,20 @@ def test_the_store_stamps_a_database_it_creates_at_its_first_use(sql_url: str) -
 
     assert SQLStamp(store._engine).read() == {"store_sql": "1"}
     store.close()
+
+
+def test_a_database_stamped_by_a_newer_release_is_refused_by_migrate_and_the_doctor(
+    redis_dbs: Dbs, new_app: NewApp, sql_url: str, capsys: Any
+) -> None:
+    engine = make_engine(SQLStoreURL(sql_url))
+    SQLStamp(engine).stamp_missing("store_sql", places.CURRENT["store_sql"] + 1)
+    engine.dispose()
+    app = new_app(sql_url)
+
+    code, _, err = migrate(app, "--apply", capsys=capsys)
+    found = doctor_formats.format_findings(app, write=True)
+
+    assert code == 1
+    assert "store_sql 2 is newer than this release" in err
+    assert [(f.level, f.code) for f in found] == [("error", "format-newer-than-release")]
+    assert tables(sql_url) == {"cc_schema"}  # nothing else was created
