@@ -65,11 +65,14 @@ def reads_from(format_name: str) -> int:
     return int(formats.READS_FROM.get(format_name, CURRENT.get(format_name, 0)))
 
 
-def store_place(store: Any) -> Place:
-    """The store's place (a RedisStore or a SQLStore)."""
+def store_place(store: Any) -> Place | None:
+    """The store's place (a RedisStore or a SQLStore; None for a store of another kind,
+    which keeps no stamp)."""
     if hasattr(store, "client") and hasattr(store, "prefix"):
         stamp: Stamp = RedisStamp(store.client, stamps.redis_key(store.prefix))
         return Place("redis_store", stamp, store, f"the store ({stamp.where})")
+    if not (hasattr(store, "_engine") and hasattr(store, "table_prefix")):
+        return None
     from conventions.store.sql_stamps import SQLStamp
 
     sql = SQLStamp(store._engine, store.table_prefix)
@@ -79,7 +82,8 @@ def store_place(store: Any) -> Place:
 @contextlib.contextmanager
 def places(app: Any, timeout: float | None = None) -> Iterator[list[Place]]:
     """The app's places (the broker's client is closed after)."""
-    found = [store_place(app.store)]
+    own = store_place(app.store)
+    found = [] if own is None else [own]
     conf = app.conf
     client = None
     if layer_transport(conf):

@@ -120,6 +120,7 @@ def test_a_pending_migration_this_release_still_reads_is_a_warning(
     _, store = redis_dbs
     store.hset("cc:format", "store_redis", 1)
     place = places.store_place(new_app(STORE).store)
+    assert place is not None
 
     found = list(
         doctor_formats.place_findings(
