@@ -34,8 +34,13 @@ from conventions.upgrade.places import places
 
 @command("migrate")
 @click.option("--apply", "apply_", is_flag=True, help="run the steps (default: a dry run)")
-@click.option("--actor", default=actor_default, help="who migrates (default: $USER, else 'cli')")
-@click.option("--reason", default=None, help="why (kept in the audit trail)")
+@click.option(
+    "--actor",
+    default=actor_default,
+    metavar="NAME",
+    help="who migrates (default: $USER, else 'cli')",
+)
+@click.option("--reason", default=None, metavar="TEXT", help="why (kept in the audit trail)")
 @click.option(
     "--wait",
     type=float,
