@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from conventions.config import formats
 from conventions.ops.findings import ERROR, WARNING, Finding
 from conventions.store.stamps import versions
 from conventions.tracing.scrubbing import scrub_text
-from conventions.upgrade.places import CURRENT, RECOGNIZED, Place, places, reads_from
+from conventions.upgrade.places import RECOGNIZED, Place, known, places
 
 #: what the operator runs (``-A`` is the project's app)
 COMMAND = "celery -A <your app> conventions migrate --apply"
@@ -52,16 +53,9 @@ def format_findings(app: Any, *, write: bool, timeout: float = TIMEOUT) -> list[
         return [_unreadable("stores", exc)]
 
 
-def place_findings(
-    place: Place,
-    *,
-    write: bool,
-    current: dict[str, int] | None = None,
-    oldest: dict[str, int] | None = None,
-) -> Iterator[Finding]:
-    """One place's findings (``current`` and ``oldest``: this release's versions and the
-    oldest it reads, per format; default the formats table's)."""
-    current = dict(CURRENT) if current is None else current
+def place_findings(place: Place, *, write: bool) -> Iterator[Finding]:
+    """One place's findings, against this release's versions (read at call time from
+    :mod:`conventions.config.formats`; the message is :func:`formats.stamp_problem`'s)."""
     try:
         stamped = versions(place.stamp.read())
         if write and place.kind != "sql_store":
@@ -72,24 +66,21 @@ def place_findings(
         yield _unreadable(place.stamp.where, exc)
         return
     for name, version in sorted(stamped.items()):
-        if name not in current:
+        if not known(name):
             continue  # a format this release does not know (a test's)
-        mine = current[name]
-        floor = reads_from(name) if oldest is None else oldest.get(name, mine)
+        mine, problem = formats.current(name), formats.stamp_problem(name, version)
         if version > mine:
+            yield Finding(ERROR, "format-newer-than-release", place.stamp.where, str(problem))
+        elif problem is not None:
             yield Finding(
-                ERROR, "format-newer-than-release", place.stamp.where,
-                f"{name} is at version {version}, newer than this release's {mine}: a "
-                "newer release migrated it and this one would misread it; run the newer "
-                "release (or restore the data of this one)",
+                ERROR, "format-migration-pending", place.stamp.where,
+                f"{problem} (celery -A <your app> conventions migrate --apply)",
             )  # fmt: skip
         elif version < mine:
-            readable = version >= floor
             yield Finding(
-                WARNING if readable else ERROR, "format-migration-pending", place.stamp.where,
-                f"{name} is at version {version}, this release's is {mine}"
-                + (" (still read meanwhile)" if readable else f" and it reads {floor} and up")
-                + f": run {COMMAND} (a dry run without --apply shows the steps)",
+                WARNING, "format-migration-pending", place.stamp.where,
+                f"{name} is at version {version}, this release's is {mine} (it still reads "
+                f"it meanwhile): run {COMMAND} (a dry run without --apply shows the steps)",
             )  # fmt: skip
 
 

@@ -18,16 +18,11 @@ from conventions.store import stamps
 from conventions.store.stamps import RedisStamp, Stamp
 from conventions.upgrade.steps import Kind, Step
 
-#: the format each kind of place keeps, and this release's version of it
+#: the format each kind of place keeps
 FORMATS: Final[dict[Kind, str]] = {
     "redis_store": "store_redis",
     "sql_store": "store_sql",
     "transport": "transport_layout",
-}
-CURRENT: Final = {
-    "store_redis": formats.STORE_REDIS,
-    "store_sql": formats.STORE_SQL,
-    "transport_layout": formats.TRANSPORT_LAYOUT,
 }
 #: the version an unstamped place holding data is recognized at: what every release
 #: before the stamp wrote (the doctor stamps it so at worker start, the SQL store at its
@@ -53,16 +48,17 @@ class Place:
         return found
 
 
+def known(format_name: str) -> bool:
+    """Is ``format_name`` one of this release's formats (not a test's)?"""
+    return format_name in formats.READS_FROM
+
+
 def current(format_name: str, steps: list[Step]) -> int:
-    """This release's version of ``format_name``."""
-    if format_name in CURRENT:
-        return CURRENT[format_name]
+    """This release's version of ``format_name`` (read at call time, so that a test can
+    play a newer release); a test's format: its highest step's."""
+    if known(format_name):
+        return formats.current(format_name)
     return max((s.version for s in steps if s.format == format_name), default=0)
-
-
-def reads_from(format_name: str) -> int:
-    """The oldest version of ``format_name`` this release still reads."""
-    return int(formats.READS_FROM.get(format_name, CURRENT.get(format_name, 0)))
 
 
 def store_place(store: Any) -> Place | None:

@@ -11,10 +11,10 @@ import redis
 import sqlalchemy as sa
 
 from conventions import App
+from conventions.config import formats
 from conventions.ops import doctor_formats
 from conventions.store.sql import SQLStore, make_engine
 from conventions.store.sql_stamps import SQLStamp
-from conventions.upgrade import places
 from tests.integration.support_migrate import migrate, new_app, postgres_url, redis_dbs, sql_url
 
 __all__ = ["new_app", "postgres_url", "redis_dbs", "sql_url"]
@@ -118,7 +118,7 @@ def test_a_database_stamped_by_a_newer_release_is_refused_by_migrate_and_the_doc
     redis_dbs: Dbs, new_app: NewApp, sql_url: str, capsys: Any
 ) -> None:
     engine = make_engine(SQLStoreURL(sql_url))
-    SQLStamp(engine).stamp_missing("store_sql", places.CURRENT["store_sql"] + 1)
+    SQLStamp(engine).stamp_missing("store_sql", formats.current("store_sql") + 1)
     engine.dispose()
     app = new_app(sql_url)
 

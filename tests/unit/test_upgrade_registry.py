@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from conventions.config import formats
 from conventions.upgrade import places, steps
 
 #: Django's ``makemigrations --check`` on the outbox app alone, on an in-memory SQLite
@@ -29,7 +30,7 @@ def test_every_format_has_a_step_to_each_version_up_to_this_releases() -> None:
 
     for kind, name in places.FORMATS.items():
         versions = [s.version for s in registry if s.kind == kind and s.format == name]
-        assert versions == list(range(1, places.CURRENT[name] + 1)), (kind, name)
+        assert versions == list(range(1, formats.current(name) + 1)), (kind, name)
 
 
 def test_a_step_registered_again_replaces_the_first() -> None:
