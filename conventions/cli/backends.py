@@ -155,6 +155,9 @@ def _forget_connections(app: Any, *, store: bool) -> None:
     the layer's settings read from the conf."""
     if store:
         app.__dict__.pop("conventions_settings", None)
+        opened = app.__dict__.get("_cc_store")
+        if opened is not None:
+            opened.close()  # its connections closed now, not left to the garbage collector
         reset = getattr(app, "reset_store", None)
         if callable(reset):
             reset()
