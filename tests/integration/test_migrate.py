@@ -158,7 +158,10 @@ def test_a_real_worker_refuses_to_start_on_a_store_stamped_by_a_newer_release(
     _, store = redis_dbs
     store.hset("cc:format", "store_redis", formats.current("store_redis") + 1)
     probe_app(tmp_path, STORE, "redis_store")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    # without DJANGO_SETTINGS_MODULE (tests/unit/test_web.py sets it): Celery's Django
+    # fixup would load those settings in the worker
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(tmp_path)
 
     done = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "migrate_probe", "worker", "--pool", "solo",
