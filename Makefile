@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install services test-deps lint typecheck docs unit test chaos demo bench clean
+.PHONY: install services test-deps lint typecheck docs unit test chaos demo bench release clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ demo: install
 bench: install services
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# a release's sdist and wheel, built from its tag (git archive), never the working tree:
+# make release TAG=v0.1.0 -> dist/v0.1.0/ with SHA256SUMS
+release: install
+	$(BIN)/python scripts/release.py build $(TAG)
 
 clean:
 	rm -rf .demo build *.egg-info .mypy_cache .ruff_cache

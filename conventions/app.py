@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 
 from celery import Celery
 
+from conventions.batches.declare import Batch
 from conventions.capacity import backpressure
 from conventions.config import settings
 from conventions.config.capacity import check_uses
@@ -246,6 +247,15 @@ class App(Celery):  # type: ignore[misc]
             return cast(ConventionTask, task)
 
         return decorate
+
+    def batch(self, key: str, *, on_success: Any = None, on_complete: Any = None) -> Batch:
+        """A batch of convention jobs whose callbacks run once, after every member has
+        ended: ``on_complete`` when all ended, ``on_success`` when all succeeded (a
+        dead-lettered member that is replayed and succeeds counts then). Each callback is
+        ``task.s(**fields)`` of a job whose payload has a ``batch_id`` field. ``key`` is
+        the batch's idempotency key: submitting it again makes no second batch.
+        See :mod:`conventions.batches.declare` and the batches how-to."""
+        return Batch(self, key, on_success=on_success, on_complete=on_complete)
 
     def publisher(self, contract: Contract) -> ConventionTask:
         """The publish side of ``contract``: a task whose ``.delay()``/``apply_async``

@@ -23,7 +23,8 @@ The tree (``tree()`` renders the live hierarchy in this format, and a test compa
         |   `-- KeyConflict
         +-- QueueOverCapacity
         +-- BackendUnavailable
-        `-- Unroutable
+        +-- Unroutable
+        `-- NewerFormat
 
 The first line of each class's docstring is its default message (``raise SkipJob()``
 reads well in logs without a message). Every constructor takes the message first and
@@ -262,6 +263,24 @@ class Unroutable(LayerError):
     ) -> None:
         self.exchange: str = exchange
         self.routing_key: str = routing_key
+        super().__init__(message)
+
+
+class NewerFormat(LayerError):
+    """Met a message or record written by a newer release of the layer: not read.
+
+    Each wire and storage format has a version (``conventions.config.formats``); a reader
+    refuses a newer one rather than misread it. ``name`` names it, ``found`` is the
+    version met and ``reads`` the newest this release reads. The message says what to do:
+    upgrade this process (or replay once the fleet runs the new release).
+    """
+
+    def __init__(
+        self, message: str | None = None, *, name: str = "", found: int = 0, reads: int = 0
+    ) -> None:
+        self.name: str = name
+        self.found: int = found
+        self.reads: int = reads
         super().__init__(message)
 
 

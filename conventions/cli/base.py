@@ -30,7 +30,7 @@ from conventions.app import App
 from conventions.cli import backends
 from conventions.cli import format as fmt
 from conventions.config import apps
-from conventions.errors import ConfigurationError
+from conventions.errors import ConfigurationError, NewerFormat
 from conventions.store import outages
 
 #: exit codes (see the module docstring and docs/reference/cli.md)
@@ -198,6 +198,8 @@ def run(
         raise
     except ConfigurationError as exc:
         raise Failure(str(exc), USAGE) from exc
+    except NewerFormat as exc:  # a record of a newer release: said, never misread
+        raise Failure(str(exc), REFUSED) from exc
     except Exception as exc:
         if outages.unreachable(exc):
             extra = extra_urls(app, **params) if extra_urls else None

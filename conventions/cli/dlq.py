@@ -209,7 +209,7 @@ def poison(app: App, as_json: bool) -> int:
 @json_option
 def trace(app: App, correlation_id: str, as_json: bool) -> int:
     """Every job and event of one correlation id."""
-    roots = tracing.build_trace(app.store.audit_for(correlation_id))
+    roots = tracing.build_trace(shown.audit_events(app, app.store.audit_for(correlation_id)))
     if as_json:
         print_json({"correlation_id": correlation_id, "jobs": [j.to_dict() for j in roots]})
     else:

@@ -155,9 +155,10 @@ def relay_command(
             relay.release()
             locked = " (another relay holds the lease)" if result.locked_out else ""
             dead = f" ({result.dead} dead-lettered)" if result.dead else ""
+            newer = f", {result.newer} left for a newer release" if result.newer else ""
             print(
                 f"published {result.published} ({result.deduplicated} deduplicated), "
-                f"failed {result.failed}{dead}{locked}",
+                f"failed {result.failed}{dead}{newer}{locked}",
             )
             if result.unavailable:
                 print(f"conventions: broker unavailable: {result.unavailable}", file=sys.stderr)

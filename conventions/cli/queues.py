@@ -4,9 +4,10 @@
     conventions queues resume NAME [--actor NAME] [--json]
 
 The console's pause and resume from the command line (``conventions.ops.pauses``): a
-pause broadcasts ``cancel_consumer`` and keeps who, when and why in the store (a worker
-started meanwhile does not consume the queue either); a resume tells those workers to
-consume it again. Both are audited: ``conventions trace queue:NAME``. Exit status: 0
+pause keeps who, when and why in the store and broadcasts ``cancel_consumer`` (a worker
+started meanwhile, or one the broadcast missed, reads the record and does not consume
+the queue either); a resume removes the record and tells every worker that holds the
+queue paused to consume it again. Both are audited: ``conventions trace queue:NAME``. Exit status: 0
 done, 1 a queue the app does not declare, 2 a usage error.
 """
 

@@ -35,8 +35,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 from conventions.console import auth, csrf  # noqa: E402
 from conventions.console.context import Console, Refused, base_path, render  # noqa: E402
 from conventions.console.context import require as allowed  # noqa: E402
-from conventions.console.pages import deadletters, queues, runs, schedules, trace  # noqa: E402
-from conventions.errors import ConfigurationError  # noqa: E402
+from conventions.console.pages import (  # noqa: E402
+    batches,
+    deadletters,
+    queues,
+    runs,
+    schedules,
+    trace,
+)
+from conventions.errors import ConfigurationError, NewerFormat  # noqa: E402
 from conventions.store import key_forms  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -90,6 +97,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return render(request, None, "error.html", {"message": text}, status=exc.status_code)
 
 
+async def _newer(request: Request, exc: Exception) -> Response:
+    """A record written by a newer release of the layer: said on the page, never misread
+    (``conventions.config.formats``)."""
+    return render(request, None, "error.html", {"message": str(exc)}, status=409)
+
+
 async def _crashed(request: Request, exc: Exception) -> Response:
     """An unexpected exception: a 500 that still carries the security headers.
 
@@ -111,6 +124,7 @@ def routes() -> list[BaseRoute]:
         *deadletters.ROUTES,
         *trace.ROUTES,
         *schedules.ROUTES,
+        *batches.ROUTES,
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
 
@@ -155,7 +169,9 @@ def console_app(
         raise ConfigurationError(str(exc)) from exc
     if shared is not None:
         console.secret, console.shared_secret = shared, True
-    handlers = {Refused: _refused, HTTPException: _http_error, Exception: _crashed}
+    handlers = {
+        Refused: _refused, HTTPException: _http_error, NewerFormat: _newer, Exception: _crashed,
+    }  # fmt: skip
     web = Starlette(routes=routes(), exception_handlers=handlers)
     web.state.console = console
     web.add_middleware(SecurityHeaders)

@@ -31,6 +31,7 @@ NAV: tuple[tuple[str, str], ...] = (
     ("/runs", "Runs"),
     ("/dead-letters", "Dead letters"),
     ("/trace", "Trace"),
+    ("/batches", "Batches"),
     ("/schedules", "Schedules"),
 )
 

@@ -6,6 +6,12 @@ pending, the id of the job that holds the key, so a double click follows one run
 :func:`run_state` reads that run's state, progress and result for a progress bar,
 cheaply enough to poll every second or two: one result-backend read and one store read.
 
+The two reads are not one snapshot: a job can start between them. The state is read
+first, and when it still says ``queued`` while a progress document is already there, the
+job started meanwhile (its body writes progress only after its claim recorded STARTED),
+so the state is read once more, and the progress too when that state is final. A poll
+never shows a run as ``queued`` next to the progress of its running body.
+
 Progress is the state document ``progress:<run id>`` in the layer's store: a job body
 writes it (a dict such as ``{"done": 40, "total": 200}``) and it is returned as is.
 """
@@ -17,6 +23,7 @@ from typing import Any
 
 from celery.result import AsyncResult
 
+from conventions.observability.progress import PROGRESS_STATE
 from conventions.task import ConventionTask
 
 #: Celery's task states -> the states a web page shows
@@ -24,6 +31,7 @@ STATES = {
     "PENDING": "queued",  # also an unknown id: Celery cannot tell them apart
     "RECEIVED": "queued",
     "STARTED": "running",
+    PROGRESS_STATE: "running",  # ctx.progress() reports it into the result backend
     "RETRY": "retrying",
     "SUCCESS": "succeeded",
     "FAILURE": "failed",
@@ -65,10 +73,16 @@ def trigger(task: ConventionTask, **payload: Any) -> str:
 
 
 def run_state(app: Any, run_id: str) -> RunState:
-    """The state of run ``run_id``: one result-backend read, one store read."""
+    """The state of run ``run_id``: one result-backend read, one store read (and a read
+    of each again when the job started between the two: see the module)."""
     found = AsyncResult(run_id, app=app)
-    state = STATES.get(found.state, str(found.state).lower())
+    state = _shown(found)
     progress = app.store.get_state(progress_name(run_id))
+    if state == "queued" and progress is not None:
+        found = AsyncResult(run_id, app=app)
+        state = _shown(found)
+        if state in ("succeeded", "failed"):  # its last progress came before its outcome
+            progress = app.store.get_state(progress_name(run_id))
     if state == "succeeded":
         return RunState(run_id, state, progress, result=found.result)
     if state == "failed":
@@ -76,3 +90,8 @@ def run_state(app: Any, run_id: str) -> RunState:
         name = type(error).__name__ if isinstance(error, BaseException) else str(error)
         return RunState(run_id, state, progress, error=name)
     return RunState(run_id, state, progress)
+
+
+def _shown(found: AsyncResult) -> str:
+    """The state a web page shows for Celery's state of ``found`` (one read)."""
+    return STATES.get(found.state, str(found.state).lower())

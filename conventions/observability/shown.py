@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from conventions.store import keys
 from conventions.store.base import KeyState
-from conventions.store.records import DeadLetter
+from conventions.store.records import AuditEvent, DeadLetter
 from conventions.store.runs import Run
 from conventions.tracing.scrubbing import scrub_text
 
@@ -157,3 +157,20 @@ def key_state(app: Any, state: KeyState) -> KeyState:
         if namespaced or (pattern and pattern.fullmatch(state.key)):
             return dataclasses.replace(state, key=shown.key(state.key) or state.key)
     return dataclasses.replace(state, key=scrub_text(state.key))
+
+
+def audit_events(app: Any, events: Iterable[AuditEvent]) -> list[AuditEvent]:
+    """A trail as an operator is shown it (``conventions trace``, the console's trace and
+    dead-letter pages): each event's key and details scrubbed as its task hides them."""
+    by_task: dict[str, Shown] = {}
+    out = []
+    for event in events:
+        shown = by_task.get(event.task) or by_task.setdefault(event.task, Shown(app, event.task))
+        out.append(
+            dataclasses.replace(
+                event,
+                idempotency_key=shown.key(event.idempotency_key),
+                detail=shown.data(event.detail),
+            )
+        )
+    return out

@@ -1,30 +1,35 @@
 """Pausing a queue fleet-wide: the workers stop taking from it, until resumed.
 
-A pause broadcasts Celery's ``cancel_consumer`` (each worker logs ``Canceling queue
-<name>`` and stops fetching from it within its next fetch; the jobs it runs finish) and
-keeps a ``queue:paused:<name>`` state document in the store: who paused it, when, why,
-and which workers answered. A resume broadcasts ``add_consumer`` to those workers only
-(a worker that never consumed the queue is not made to) and removes the document. Both
-are audited under the correlation id ``queue:<name>`` (``conventions trace queue:email``).
+A pause keeps a ``queue:paused:<name>`` state document in the store (who paused it,
+when, why, and which workers stopped), then broadcasts Celery's ``cancel_consumer``
+(each worker logs ``Canceling queue <name>`` and stops fetching from it within its next
+fetch; the jobs it runs finish). A resume removes the document, then broadcasts
+``conventions_resume_queue`` to every worker: each one that holds the queue paused (one
+of its own queues, which it does not consume) consumes it again, whether or not its
+reply to the pause came in time. Workers of an older version, which do not know that
+command, get Celery's ``add_consumer``, as before, if they are in the document. Both are
+audited under the correlation id ``queue:<name>`` (``conventions trace queue:email``).
 
-A worker started while the queue is paused must not consume it: ``at_start(app,
-consumer)``, called from ``worker_ready`` (whose sender is the worker's consumer), reads
-the documents, stops consuming each paused queue, says so in the log and joins the
-document's workers, so that the resume reaches it too.
+A broadcast can miss a worker (starting, reconnecting): each worker also reads the
+documents of its own queues at start and every few seconds
+(``conventions.worker.queue_pauses``), so a worker started while the queue is paused
+does not consume it, and one that missed the resume consumes it again.
 """
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from conventions.observability.pauses import Pauses
 
-logger = logging.getLogger("conventions.ops.pauses")
-
-#: how long a pause or resume waits for the workers' replies (seconds)
+#: how long a pause or resume waits for the workers' replies (seconds): a reply that
+#: comes later only leaves the worker out of the lists shown, never out of the resume
 REPLY_TIMEOUT = 1.0
+#: the remote control command a resume broadcasts (``conventions.worker.queue_pauses``)
+RESUME_COMMAND = "conventions_resume_queue"
+#: what a worker that consumes the queue again answers to it
+RESUMED = "consuming again"
 
 
 #: the queues' pause records (``queue:paused:<name>``, audited under ``queue:<name>``)
@@ -37,51 +42,48 @@ def _workers(replies: Any) -> list[str]:
 
 def pause(app: Any, queue: str, *, actor: str, reason: str) -> dict[str, Any]:
     """Stop every worker consuming ``queue``; return the pause document."""
-    replies = app.control.cancel_consumer(queue, reply=True, timeout=REPLY_TIMEOUT)
-    document = {
+    document: dict[str, Any] = {
         "queue": queue,
         "actor": actor,
         "reason": reason,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "workers": _workers(replies),
+        "workers": [],
     }
-    QUEUES.keep(app.store, queue, document)
+    QUEUES.keep(app.store, queue, document)  # first: a worker that looks from now stops
+    replies = app.control.cancel_consumer(queue, reply=True, timeout=REPLY_TIMEOUT)
+    current = QUEUES.get(app.store, queue)  # with the workers that joined meanwhile
+    if current is not None:  # else resumed meanwhile: not paused again
+        joined = current.get("workers", [])
+        document = {**current, "workers": sorted({*joined, *_workers(replies)})}
+        QUEUES.keep(app.store, queue, document)
     QUEUES.audit(app.store, "queue_paused", f"queue.{queue}", queue, document)
     return document
 
 
 def resume(app: Any, queue: str, *, actor: str) -> list[str]:
-    """Let the workers that were paused consume ``queue`` again; return their names."""
+    """Let every worker that holds ``queue`` paused consume it again; return the names of
+    those that answered in time."""
     document = QUEUES.get(app.store, queue) or {}
-    workers = [str(w) for w in document.get("workers", [])]
-    answered: list[str] = []
-    if workers:
-        replies = app.control.add_consumer(
-            queue, destination=workers, reply=True, timeout=REPLY_TIMEOUT
+    QUEUES.drop(app.store, queue)  # first: a worker that looks from now consumes it
+    replies = app.control.broadcast(
+        RESUME_COMMAND, arguments={"queue": queue}, reply=True, timeout=REPLY_TIMEOUT
+    )
+    answers = {name: answer for reply in replies or [] for name, answer in reply.items()}
+    resumed = {name for name, answer in answers.items() if _said(answer, RESUMED)}
+    # an older worker answers an error (it does not know the command), or nothing
+    older = [str(w) for w in document.get("workers", []) if not _said(answers.get(str(w)), None)]
+    if older:
+        added = app.control.add_consumer(
+            queue, destination=older, reply=True, timeout=REPLY_TIMEOUT
         )
-        answered = _workers(replies)
-    QUEUES.drop(app.store, queue)
-    detail = {"actor": actor, "workers": answered}
+        resumed.update(_workers(added))
+    detail = {"actor": actor, "workers": sorted(resumed)}
     QUEUES.audit(app.store, "queue_resumed", f"queue.{queue}", queue, detail)
-    return answered
+    return sorted(resumed)
 
 
-def at_start(app: Any, consumer: Any) -> list[str]:
-    """A starting worker's part: stop consuming the paused queues among those it was
-    told to consume; return them. Never raises (a store that does not answer leaves the
-    worker consuming, and says so)."""
-    try:
-        names = [q.name for q in consumer.task_consumer.queues] if consumer.task_consumer else []
-        held = QUEUES.get_many(app.store, names)
-        for queue, document in held.items():
-            consumer.call_soon(consumer.cancel_task_queue, queue)
-            logger.warning(
-                "queue %s is paused (by %s at %s: %s): not consuming it until resumed",
-                queue, document.get("actor"), document.get("at"), document.get("reason"),
-            )  # fmt: skip
-            workers = sorted({*document.get("workers", []), str(consumer.hostname)})
-            QUEUES.keep(app.store, queue, {**document, "workers": workers})
-        return sorted(held)
-    except Exception:
-        logger.exception("could not read the paused queues: consuming every queue")
-        return []
+def _said(answer: Any, what: str | None) -> bool:
+    """Whether a worker's reply is ``{"ok": what}`` (any ``ok`` when ``what`` is None)."""
+    if not isinstance(answer, dict) or "ok" not in answer:
+        return False
+    return what is None or answer["ok"] == what

@@ -167,7 +167,8 @@ def _headers(record: DeadLetter, actor: str) -> dict[str, str]:
     }
     if correlation:
         headers[hdr.CORRELATION] = str(correlation)
-    for name in (hdr.SCHEDULE, hdr.OCCURRENCE):  # a beat key stays the job's key
+    # a beat key stays the job's key; a batch member stays in its batch
+    for name in (hdr.SCHEDULE, hdr.OCCURRENCE, hdr.BATCH):
         if isinstance(record.headers.get(name), str):
             headers[name] = record.headers[name]
     return headers

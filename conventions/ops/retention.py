@@ -4,6 +4,10 @@ Runs (the run history, ``conventions.store.runs``) have their own setting,
 ``conventions_runs_retention_seconds`` (7 days): ``purge_runs`` deletes the runs created
 before it (on Redis the ``conventions_runs_max`` cap bounds them as well).
 
+Batches (``conventions.store.batches``) that ended before the dead-letter retention, with no
+callback left due, go in the workers' purge (``purge_batches``): a member's dead letter can
+be replayed into its batch as long as the record is kept.
+
 ``purge`` and ``purge_expired`` are what ``conventions retention`` runs. ``purge_expired``
 is for the SQL store: its ledger, delivery counters, reservations, leases and state
 records keep an expiry column instead of a Redis TTL, and the rows past it are deleted
@@ -48,6 +52,7 @@ __all__ = [
     "RUNS_RETENTION",
     "Purger",
     "purge",
+    "purge_batches",
     "purge_expired",
     "purge_runs",
     "start",
@@ -62,6 +67,12 @@ def purge(store: Store, *, dead_letters: timedelta, audit: timedelta) -> tuple[i
     since before ``audit`` ago; return (dead letters, audit events) deleted."""
     now = utcnow()
     return store.purge_dead_letters(now - dead_letters), store.purge_audit(now - audit)
+
+
+def purge_batches(store: Store, dead_letters: timedelta) -> int:
+    """Delete the batches that ended before ``dead_letters`` ago (kept as long as their
+    members' dead letters can be replayed) with no callback left due; return how many."""
+    return store.purge_batches(utcnow() - dead_letters)
 
 
 def purge_runs(store: Store, runs: timedelta) -> int:
@@ -116,12 +127,13 @@ class Purger:
         try:
             counts = purge(self.app.store, dead_letters=self.dead_letters, audit=self.audit)
             runs = purge_runs(self.app.store, self.runs)
+            batches = purge_batches(self.app.store, self.dead_letters)
             expired = purge_expired(self.app.store)
         except Exception:
             logger.exception("retention: purge failed; next try in %s", self.interval)
             return None
-        logger.info("retention: deleted %d dead letters, %d audit events and %d runs",
-                    *counts, runs)  # fmt: skip
+        logger.info("retention: deleted %d dead letters, %d audit events, %d runs and %d "
+                    "batches", *counts, runs, batches)  # fmt: skip
         if expired:
             logger.info("retention: deleted expired rows %s", _rows(expired))
         return counts

@@ -59,6 +59,7 @@ from kombu.utils.encoding import bytes_to_str
 from conventions.config import sentinel
 from conventions.jobs.decisions import DEFAULT_TABLE, RetryDecision
 from conventions.observability.deadletters import CappedRequest
+from conventions.store.batches import BatchMove
 from conventions.store.records import AuditEvent, Claim
 from conventions.store.redis import RedisStore, database_of
 from conventions.store.redis_results import ResultWrite
@@ -129,6 +130,10 @@ class _Completion:
     fingerprint: str | None = None
     #: the delivery whose claim counter the completion drops
     delivery_id: str | None = None
+    #: the job's end in its batches, moved with the completion
+    batch: BatchMove | None = None
+    #: publishes the batch callbacks the completion made due
+    on_fired: Callable[[list[str]], None] = lambda fired: None
 
     def attempt(self, result: ResultWrite | None) -> None:
         """Complete the key once (with ``result`` in the same script when given), then
@@ -136,8 +141,14 @@ class _Completion:
         riding: dict[str, Any] = {} if result is None else {"result": result}  # any store
         if self.delivery_id is not None:
             riding["delivery_id"] = self.delivery_id
-        self.store.complete(*self.args, audit=self.audit, fingerprint=self.fingerprint, **riding)
+        if self.batch is not None:
+            riding["batch"] = self.batch
+        fired = self.store.complete(
+            *self.args, audit=self.audit, fingerprint=self.fingerprint, **riding
+        )
         self.after()
+        if self.batch is not None and fired:
+            self.on_fired(list(fired))
 
     def run(self) -> None:
         """Complete the key by itself, patiently (see the module), then let go; past the
@@ -321,6 +332,8 @@ def complete(
     give_back: Callable[[], None],
     fingerprint: str | None = None,
     delivery_id: str | None = None,
+    batch: BatchMove | None = None,
+    on_fired: Callable[[list[str]], None] = lambda fired: None,
 ) -> None:
     """``task.store.complete(key, owner, "succeeded", ...)`` and then ``after()``: now, or
     in the same script as Celery's SUCCESS write when one follows the body. A store that
@@ -332,7 +345,7 @@ def complete(
     riding = isinstance(backend, RedisBackend) and backend.store_alongside(task.store) is not None
     completion = _Completion(
         "", task.store, (key, owner, "succeeded", keep, reserved_by), audit, after, hold,
-        let_go, deadline, give_back, fingerprint, delivery_id,
+        let_go, deadline, give_back, fingerprint, delivery_id, batch, on_fired,
     )  # fmt: skip
     if riding and _success_write_follows(task, request):
         completion.result_key = backend.result_key(request.id)

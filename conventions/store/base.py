@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from conventions.store.batches import BatchMove, BatchSpec, BatchStatus
 from conventions.store.records import AuditEvent, Category, Claim, DeadLetter, Holder
 from conventions.store.runs import Run
 
@@ -124,7 +125,8 @@ class Store(Protocol):
         audit: AuditEvent | None = None,
         fingerprint: str | None = None,
         delivery_id: str | None = None,
-    ) -> None:
+        batch: BatchMove | None = None,
+    ) -> list[str]:
         """Record ``key`` as done for ``keep`` seconds (with the payload ``fingerprint``
         of the run), drop the enqueue reservation held by ``reserved_by`` (when given)
         and record ``audit``, atomically (one round trip on Redis). The claim counter of
@@ -134,6 +136,11 @@ class Store(Protocol):
         Done is recorded when ``owner`` still holds the lease, or when the entry has
         expired (the lease ran out but the body finished: its result stands). A live
         lease of another execution, or a done entry, is left as it is.
+
+        ``batch``: the job is a batch member; its end is moved in the same step
+        (:mod:`conventions.store.batches`), and the callbacks that made due are answered
+        (``<batch id>|<callback>``), for the caller to publish. A job in no batch pays
+        nothing for it.
         """
         ...
 
@@ -143,8 +150,9 @@ class Store(Protocol):
         ...
 
     # -- dead letters -------------------------------------------------------------------
-    def put_dead_letter(self, record: DeadLetter) -> None:
-        """Store (or overwrite, by id) a dead-letter record."""
+    def put_dead_letter(self, record: DeadLetter, *, batch: BatchMove | None = None) -> list[str]:
+        """Store (or overwrite, by id) a dead-letter record; ``batch``: the member's end
+        (failed), moved in the same step, as :meth:`complete` does."""
         ...
 
     def get_dead_letter(self, record_id: str) -> DeadLetter | None: ...
@@ -173,6 +181,44 @@ class Store(Protocol):
 
     def purge_dead_letters(self, older_than: datetime) -> int:
         """Delete records whose last failure is before ``older_than``; return how many."""
+        ...
+
+    # -- batches (conventions.store.batches) --------------------------------------------
+    def create_batch(self, spec: BatchSpec) -> bool:
+        """Make the batch with every member pending, unless a batch of that id exists
+        (then nothing changes); True when this call made it."""
+        ...
+
+    def mark_batch_published(self, batch_id: str) -> None:
+        """Every member of the batch is published (a submit that finished)."""
+        ...
+
+    def end_member(self, move: BatchMove) -> list[str]:
+        """A member's end by itself (a member whose key was done already, or skipped);
+        the callbacks made due, as :meth:`complete`."""
+        ...
+
+    def callback_sent(self, batch_id: str, which: str) -> None:
+        """The due callback ``which`` of the batch was published."""
+        ...
+
+    def due_callbacks(self, grace: float, limit: int = 100) -> list[str]:
+        """The callbacks (``<batch id>|<callback>``) due for longer than ``grace``
+        seconds and not marked sent (the sweep publishes them again), on the store's
+        clock."""
+        ...
+
+    def get_batch(self, batch_id: str, *, members: bool = True) -> BatchStatus | None:
+        """The batch now (with each member's state, unless ``members`` is off)."""
+        ...
+
+    def list_batches(self, limit: int = 100) -> list[BatchStatus]:
+        """The newest batches first, without their members."""
+        ...
+
+    def purge_batches(self, older_than: datetime) -> int:
+        """Delete the batches that ended before ``older_than`` with no callback left due
+        (a batch not ended is kept); return how many."""
         ...
 
     # -- audit trail --------------------------------------------------------------------

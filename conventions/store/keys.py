@@ -23,6 +23,10 @@ Layout (``{p}`` is the prefix)::
     {p}state:{name}             string  a small JSON document (PX ttl or none)
     {p}counts                   hash    <name>|<task> -> count (conventions.store.counts)
     {p}bucket:{name}            hash    tat, use, paused: a token bucket (PX until idle)
+    {p}batch:{id}               hash    a batch's counters, callbacks' states, spec (JSON)
+    {p}batch-m:{id}             hash    member name -> <state>|<task id>|<dead-letter id>
+    {p}batches:all              zset    batch id -> created (POSIX seconds)
+    {p}batches:due              zset    <batch id>|<callback> -> when it became due
 
 The category comes before the task in ``dl:cat-task:`` because categories never hold a
 colon while task names may: the key stays unambiguous.
@@ -106,6 +110,14 @@ STATE: Final = "state:"
 COUNTS: Final = "counts"
 #: a token bucket of a dependency rate limit (hash: tat, use, paused)
 BUCKET: Final = "bucket:"
+#: a batch's counters and callbacks (:mod:`conventions.store.batches`)
+BATCH: Final = "batch:"
+#: a batch's members and their states
+BATCH_MEMBERS: Final = "batch-m:"
+#: index of the batches by creation time
+BATCHES_ALL: Final = "batches:all"
+#: the batch callbacks made due and not yet marked sent (the sweep's list)
+BATCHES_DUE: Final = "batches:due"
 
 
 def dedup(key: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -200,6 +212,16 @@ def state(name: str, prefix: str = DEFAULT_PREFIX) -> str:
 def bucket(name: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The key of the token bucket ``name``."""
     return f"{prefix}{BUCKET}{name}"
+
+
+def batch(batch_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The hash of batch ``batch_id``."""
+    return f"{prefix}{BATCH}{batch_id}"
+
+
+def batch_members(batch_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The members of batch ``batch_id`` and their states."""
+    return f"{prefix}{BATCH_MEMBERS}{batch_id}"
 
 
 def namespace(task_name: str) -> str:

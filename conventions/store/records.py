@@ -2,6 +2,9 @@
 
 Plain frozen dataclasses with a JSON-ready ``to_dict`` / ``from_dict`` pair, so that
 both store backends (Redis keeps JSON, SQL keeps columns plus JSON) share one shape.
+That shape has a version (``formats.RECORDS``): a ``v`` field, absent at version 1 (so
+nothing more is written today), checked by ``from_dict``: a record written by a newer
+release raises ``NewerFormat`` rather than be misread.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, cast
+
+from conventions.config import formats
 
 
 def utcnow() -> datetime:
@@ -30,6 +35,8 @@ class Category(StrEnum):
     UNPARSEABLE = "unparseable"  #: the message could not be read as a job (raw body kept)
     #: its key was already done with another payload: neither run nor taken for the first
     CONFLICT = "conflict"
+    #: written by a newer release than the worker reads: replay once the fleet runs it
+    NEWER_FORMAT = "newer_format"
 
 
 class ClaimStatus(StrEnum):
@@ -124,11 +131,15 @@ class DeadLetter:
         for name in ("first_failed_at", "last_failed_at", "replayed_at"):
             value = data[name]
             data[name] = value.isoformat() if value is not None else None
+        if formats.RECORDS != 1:
+            data[formats.RECORD_FIELD] = formats.RECORDS
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeadLetter:
+        formats.check_record(data, "dead letter")
         values = dict(data)
+        values.pop(formats.RECORD_FIELD, None)
         values["category"] = Category(values["category"])
         values["first_failed_at"] = _dt(values["first_failed_at"])
         values["last_failed_at"] = _dt(values["last_failed_at"])
@@ -171,7 +182,7 @@ class AuditEvent:
     def to_dict(self) -> dict[str, Any]:
         """Built field by field: ``dataclasses.asdict`` deep-copies, and this runs on
         every ``.delay()`` and every job."""
-        return {
+        data: dict[str, Any] = {
             "event": self.event,
             "task": self.task,
             "task_id": self.task_id,
@@ -182,10 +193,15 @@ class AuditEvent:
             "at": self.at.isoformat(),
             "detail": dict(self.detail),
         }
+        if formats.RECORDS != 1:
+            data[formats.RECORD_FIELD] = formats.RECORDS
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AuditEvent:
+        formats.check_record(data, "audit event")
         values = dict(data)
+        values.pop(formats.RECORD_FIELD, None)
         at = _dt(values.pop("at", None))
         return cls(at=at or utcnow(), **values)
 
@@ -209,6 +225,8 @@ class AuditEvent:
             data["n"] = self.attempt
         if self.detail:
             data["d"] = dict(self.detail)
+        if formats.RECORDS != 1:
+            data[formats.RECORD_FIELD] = formats.RECORDS
         return data
 
     @classmethod
@@ -217,6 +235,7 @@ class AuditEvent:
         by :meth:`to_dict`, as trails written before the compact form were)."""
         if "event" in data:
             return cls.from_dict(data)
+        formats.check_record(data, "audit event")
         return cls(
             event=data["e"],
             task=data["t"],

@@ -37,7 +37,9 @@ from conventions.config.settings import (
 )
 from conventions.store import keys, redis_done
 from conventions.store.base import KeyState
+from conventions.store.batches import BatchMove
 from conventions.store.records import AuditEvent, Claim, ClaimStatus, Holder, utcnow
+from conventions.store.redis_batches import with_batch
 from conventions.store.redis_coordination import RedisCoordination, _ms
 from conventions.store.redis_records import RedisRecords
 from conventions.store.redis_results import ResultWrite, with_result
@@ -128,7 +130,10 @@ class RedisStore(RedisRecords, RedisCoordination):
         self._complete = register(COMPLETE)
         self._claim_with_result = register(with_result(CLAIM))
         self._complete_with_result = register(with_result(COMPLETE))
+        self._complete_batch = register(with_batch(COMPLETE))
+        self._complete_batch_with_result = register(with_result(with_batch(COMPLETE)))
         self._release = register(RELEASE)
+        self._register_batches()
         self._register_records()
         self._register_coordination()
 
@@ -301,21 +306,32 @@ class RedisStore(RedisRecords, RedisCoordination):
         result: ResultWrite | None = None,
         fingerprint: str | None = None,
         delivery_id: str | None = None,
-    ) -> None:
+        batch: BatchMove | None = None,
+    ) -> list[str]:
         """``result``: Celery's SUCCESS write, sent in the same script. ``delivery_id``:
-        the delivery whose claim counter goes (a done key counts no more claims)."""
+        the delivery whose claim counter goes (a done key counts no more claims).
+        ``batch``: the member's end, moved in the same script; answers the batch
+        callbacks it made due."""
         p = self._scope(key)
         audit_keys, audit_args = self._audit_parts(audit, p)
-        script, keys_, args = self._riding(self._complete, self._complete_with_result, result)
+        if batch is None:
+            script, keys_, args = self._riding(self._complete, self._complete_with_result, result)
+        else:
+            script, keys_, args = self._riding(
+                self._complete_batch, self._complete_batch_with_result, result
+            )
+            batch_keys, batch_args = self._batch_parts(batch)
+            keys_, args = [*keys_, *batch_keys], [*args, *batch_args]
         buckets, done_args = self._done_parts(key, p)
         counter = keys.ledger(key, p) if delivery_id is None else keys.deliveries(delivery_id, p)
-        script(
+        answer = script(
             keys=[*keys_, *self._key_pair(key), counter, *buckets, *audit_keys],
             args=[
                 *args, owner, outcome, _ms(keep), *self._reservation(reserved_by),
                 redis_done.short_print(fingerprint), *done_args, *audit_args,
             ],
         )  # fmt: skip
+        return [] if batch is None else [str(due) for due in cast("list[Any]", answer)[1]]
 
     def release(self, key: str, owner: str, reserved_by: str | None) -> None:
         self._release(

@@ -31,8 +31,10 @@ import redis
 from redis.commands.core import Script
 
 from conventions.store import counts, keys
+from conventions.store.batches import BatchMove
 from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
 from conventions.store.redis_audit import AUDIT, _compact, _events
+from conventions.store.redis_batches import RedisBatches, with_batch
 from conventions.store.redis_runs import RedisRuns
 
 #: Removes one dead-letter record and its index entries; returns 1 if it existed.
@@ -149,7 +151,7 @@ def _score(moment: datetime) -> str:
     return repr(moment.timestamp())
 
 
-class RedisRecords(RedisRuns):
+class RedisRecords(RedisRuns, RedisBatches):
     """Dead letters and audit trails: the methods of
     :class:`~conventions.store.redis.RedisStore` that keep records."""
 
@@ -164,6 +166,7 @@ class RedisRecords(RedisRuns):
         """Register this part's scripts (run by ``EVALSHA``)."""
         register = self.client.register_script
         self._put_dead_letter = register(_PUT_DEAD_LETTER)
+        self._put_dead_letter_batch = register(with_batch(_PUT_DEAD_LETTER))
         self._swap_dead_letter = register(_SWAP_DEAD_LETTER)
         self._delete_dead_letter = register(_DELETE_DEAD_LETTER)
         self._purge_dead_letters = register(_PURGE_DEAD_LETTERS)
@@ -173,18 +176,26 @@ class RedisRecords(RedisRuns):
         self._register_runs()
 
     # -- dead letters -------------------------------------------------------------------
-    def put_dead_letter(self, record: DeadLetter) -> None:
+    def put_dead_letter(self, record: DeadLetter, *, batch: BatchMove | None = None) -> list[str]:
+        """``batch``: the member's end (failed), moved in the same script; answers the
+        batch callbacks it made due."""
         p = self._scope(record.id)
         indexes = keys.dead_letter_indexes(record.task, str(record.category), p)
-        self._put_dead_letter(
-            keys=[keys.dead_letter(record.id, p), *indexes],
+        script, keys_, args = self._put_dead_letter, list[str](), list[Any]()
+        if batch is not None:
+            script = self._put_dead_letter_batch
+            keys_, args = self._batch_parts(batch)
+        answer: Any = script(
+            keys=[*keys_, keys.dead_letter(record.id, p), *indexes],
             args=[
+                *args,
                 record.id,
                 json.dumps(record.to_dict()),
                 _score(record.last_failed_at),
                 json.dumps(indexes),
             ],
         )
+        return [] if batch is None else [str(due) for due in answer[1]]
 
     def get_dead_letter(self, record_id: str) -> DeadLetter | None:
         data = self.client.hget(keys.dead_letter(record_id, self._scope(record_id)), "data")

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from conventions.config import formats
+
 #: the states of a run, in the order a run usually passes them
 STATES = (
     "queued", "delayed", "running", "retrying", "succeeded", "skipped", "deferred",
@@ -111,6 +113,8 @@ def patch(
     state, outcome = move
     when = posix(at)
     sets: dict[str, Any] = {"task": task}
+    if formats.RECORDS != 1:  # nothing at version 1: an older writer's merge keeps it
+        sets[formats.RECORD_FIELD] = formats.RECORDS
     if event == "published" and detail.get("due"):  # a countdown or eta: it waits first
         state = "delayed"
         sets["due"] = str(detail["due"])
@@ -275,6 +279,9 @@ class Run:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Run:
+        """A run record from its JSON form (``NewerFormat`` when a newer release wrote
+        it: its ``v``, absent at version 1, set by every writer's patch)."""
+        formats.check_record(doc, "run record")
         created = _moment(doc.get("created_at")) or datetime.now(UTC)
         return cls(
             id=str(doc["id"]),

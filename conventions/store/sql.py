@@ -36,12 +36,14 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store.base import KeyState
+from conventions.store.batches import BatchMove
 from conventions.store.records import (
     AuditEvent,
     Claim,
     ClaimStatus,
     Holder,
 )
+from conventions.store.sql_batches import batch_tables
 from conventions.store.sql_records import SQLRecords
 from conventions.store.sql_runs import runs_table
 from conventions.store.sql_tables import (
@@ -124,6 +126,7 @@ class SQLStore(SQLRecords):
         self.counts = _counts_table(self.metadata, table_prefix)
         self.buckets = _bucket_table(self.metadata, table_prefix)
         self.runs = runs_table(self.metadata, table_prefix)
+        self.batches, self.batch_members = batch_tables(self.metadata, table_prefix)
         self.runs_enabled, self.runs_max_logs = runs_enabled, runs_max_logs
         del runs_max
 
@@ -300,11 +303,14 @@ class SQLStore(SQLRecords):
         audit: AuditEvent | None = None,
         fingerprint: str | None = None,
         delivery_id: str | None = None,
-    ) -> None:
+        batch: BatchMove | None = None,
+    ) -> list[str]:
         """Done if the lease is still ours or has expired (the result stands); ``audit``
         is recorded either way, except on a replay (done already, by ``owner``: a retried
         write whose first reply was lost), which changes nothing, as on Redis. The
-        delivery counter's row (``delivery_id``) is left to the retention purge."""
+        delivery counter's row (``delivery_id``) is left to the retention purge.
+        ``batch``: the member's end, moved in the same transaction; answers the batch
+        callbacks it made due."""
         now = self._now()
         t = self.ledger
         done = self._upsert(
@@ -329,9 +335,10 @@ class SQLStore(SQLRecords):
                     sa.select(t.c.state, t.c.owner).where(t.c.key == key)
                 ).one_or_none()
                 if entry is not None and tuple(entry) == ("done", owner):
-                    return
+                    return [] if batch is None else self._end_member(conn, batch)
             self._drop_reservation(conn, key, reserved_by)
             self._record(conn, audit)
+            return [] if batch is None else self._end_member(conn, batch)
 
     def release(self, key: str, owner: str, reserved_by: str | None) -> None:
         t = self.ledger

@@ -18,15 +18,19 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store import counts
+from conventions.store.batches import BatchMove
 from conventions.store.records import SWAP_TRIES, AuditEvent, Category, DeadLetter, replayed_copy
+from conventions.store.sql_batches import SQLBatches
 from conventions.store.sql_runs import SQLRuns
 
 
-class SQLRecords(SQLRuns):
+class SQLRecords(SQLRuns, SQLBatches):
     """Dead letters and audit events, on the tables of :class:`SQLTables`."""
 
     # -- dead letters --------------------------------------------------------------------
-    def put_dead_letter(self, record: DeadLetter) -> None:
+    def put_dead_letter(self, record: DeadLetter, *, batch: BatchMove | None = None) -> list[str]:
+        """``batch``: the member's end (failed), moved in the same transaction; answers
+        the batch callbacks it made due."""
         stored = self._upsert(
             self.dead_letters,
             {
@@ -41,6 +45,7 @@ class SQLRecords(SQLRuns):
         )
         with self.engine.begin() as conn:
             conn.execute(stored)
+            return [] if batch is None else self._end_member(conn, batch)
 
     def get_dead_letter(self, record_id: str) -> DeadLetter | None:
         t = self.dead_letters

@@ -161,6 +161,14 @@ class JobKit:
             task=task, max_runs=max_runs, until=until, strict=strict,
         )  # fmt: skip
 
+    def run_batch(self, batch: Any, *, max_runs: int = MAX_RUNS) -> Any:
+        """Submit ``batch`` (``app.batch(...)``) and drain: its members, their retries on
+        the virtual clock, and the callbacks its end publishes, all through the run
+        path; answers the batch's :class:`~conventions.store.batches.BatchStatus`."""
+        submitted = batch.submit()
+        self.drain(max_runs=max_runs)
+        return self.store.get_batch(submitted.id)
+
     # -- what the layer wrote ---------------------------------------------------------------
     def dead_letters(self, task: Any = None) -> list[DeadLetter]:
         """The dead letters of this test (of ``task``), newest first."""

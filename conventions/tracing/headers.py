@@ -17,9 +17,15 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from conventions.config import formats
+
 _logger = logging.getLogger("conventions.tracing.headers")
 
 PREFIX = "cc_"
+#: the version of the headers and envelope of the message (``conventions.config.formats``):
+#: set on every publish by the publish hook, checked by the worker's consumer before
+#: anything else; absent on an older release's or a foreign producer's message
+FORMAT = formats.HEADER
 #: the story this job belongs to: one per web request, beat occurrence or foreign message
 CORRELATION = "cc_correlation"
 #: the web request id, when the story started in a web request
@@ -51,6 +57,9 @@ SCHEDULE = "cc_schedule"
 OCCURRENCE = "cc_occurrence"
 #: the entry's overlap policy: ``skip``, ``replace`` or ``allow``
 OVERLAP = "cc_overlap"
+#: the batches this job is a member of, innermost first, comma-separated
+#: (:mod:`conventions.batches.declare`): kept across retries, deferrals and replays
+BATCH = "cc_batch"
 #: the W3C trace context of the span that published this job (``00-<trace>-<span>-<flags>``):
 #: written by OpenTelemetry's propagator when traces are on (``conventions.tracing.otel``),
 #: kept across retries and deferrals; in a worker, the run's own span (a dead letter keeps
@@ -63,6 +72,7 @@ TRACESTATE = "tracestate"
 FIRST_SPAN = "cc_first_span"
 
 ALL_HEADERS = (
+    FORMAT,
     CORRELATION,
     REQUEST,
     CAUSATION,
@@ -77,6 +87,7 @@ ALL_HEADERS = (
     SCHEDULE,
     OCCURRENCE,
     OVERLAP,
+    BATCH,
     DUE,
     FIRST_SPAN,
     TRACEPARENT,
@@ -145,6 +156,13 @@ def _count(value: Any) -> int:
     return value
 
 
+def _version(value: Any) -> int:
+    found = formats.version_of(value)
+    if found is None:
+        raise BadHeader(f"not a version from 1 to {formats.MAX_VERSION}")
+    return found
+
+
 def _flag(value: Any) -> str:
     if value in (True, 1, "1", "true", "True"):
         return "1"
@@ -181,15 +199,28 @@ def _traceparent(value: Any) -> str:
     return text
 
 
+def trace_id(headers: Mapping[str, Any] | None) -> str | None:
+    """The W3C trace id of a job's ``traceparent`` header (what a tracing UI searches by),
+    or None when there is none or it is malformed (a foreign producer's)."""
+    value = (headers or {}).get(TRACEPARENT)
+    text = value.strip().lower() if isinstance(value, str) else ""
+    if not _TRACEPARENT.fullmatch(text) or text.startswith("ff-"):
+        return None
+    trace = text.split("-")[1]
+    return None if trace == "0" * 32 else trace
+
+
 _READERS: dict[str, Callable[[Any], Any]] = {
     **{name: lambda v: _text(v, MAX_ID) for name in (CORRELATION, REQUEST, CAUSATION, ACTOR)},
     **{name: lambda v: _text(v, MAX_ID) for name in (REPLAY_OF, SCHEDULE)},
     IDEMPOTENCY_KEY: lambda v: _text(v, MAX_KEY),
+    BATCH: lambda v: _text(v, MAX_KEY),
     ENQUEUED_AT: _time,
     FIRST_FAILED_AT: _time,
     OCCURRENCE: _time,
     DUE: _time,
     RESUMED: _count,
+    FORMAT: _version,
     RECONCILE: _flag,
     OVERLAP: _overlap,
     LIMITS: _limits,

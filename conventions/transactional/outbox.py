@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from conventions.config import extras
+from conventions.config import extras, formats
 
 try:
     import sqlalchemy as sa
@@ -133,6 +133,8 @@ def row_for(
     if idempotency_key:
         options["idempotency_key"] = idempotency_key
     data, key, message_headers = task.prepare(kwargs, options)
+    if formats.OUTBOX_ROW != 1:  # the row's version: absent at 1 (``formats.row_problem``)
+        message_headers[formats.ROW_FIELD] = formats.OUTBOX_ROW
     now = utcnow()
     return {
         "task_id": str(uuid.uuid4()),

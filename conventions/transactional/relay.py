@@ -30,6 +30,11 @@ the row: it is retried later with its own backoff and the other rows go on, unti
 attempts run out (``conventions_outbox_max_attempts``, 10 by default: about half an hour
 of backoff). Then the row is dead-lettered: a dead letter in the layer's store (category
 ``invalid`` for a bad payload or an unknown task), an audit event, ``failed_at`` set.
+
+A row written by a newer release than this relay reads (``formats.OUTBOX_ROW``, carried
+in the row's headers JSON) is neither published nor counted as an attempt: the relay
+logs it as an error and looks at it again after ``NEWER_ROW_DELAY`` seconds, leaving it
+to a relay of the new release (a rolling deploy's relays share the table).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from typing import Any
 
 from celery import states
 
-from conventions.config import extras
+from conventions.config import extras, formats
 
 try:
     import sqlalchemy as sa
@@ -85,6 +90,8 @@ PURGE_INTERVAL = 3600.0
 LEASE_SECONDS = 30.0
 #: the longest error text kept on a row
 MAX_ERROR = 2000
+#: seconds before a relay looks again at a row a newer release wrote (no attempt spent)
+NEWER_ROW_DELAY = 30.0
 
 _lock_metadata = sa.MetaData()
 #: SQLite only: the lease of the one relay allowed to publish
@@ -126,6 +133,8 @@ class Batch:
     unavailable: str | None = None
     #: SQLite: another relay holds the lease, this one did nothing
     locked_out: bool = False
+    #: rows written by a newer release than this relay reads: left for a newer relay
+    newer: int = 0
 
     def add(self, other: Batch) -> None:
         self.claimed += other.claimed
@@ -133,6 +142,7 @@ class Batch:
         self.deduplicated += other.deduplicated
         self.failed += other.failed
         self.dead += other.dead
+        self.newer += other.newer
         self.unavailable = other.unavailable
         self.locked_out = other.locked_out
 
@@ -144,6 +154,8 @@ class _Marks:
     failed: list[tuple[Any, str, float | None]] = field(default_factory=list)
     #: (row, error): dead-lettered rows
     dead: list[tuple[Any, str]] = field(default_factory=list)
+    #: (row, error): rows of a newer release, looked at again later, no attempt spent
+    later: list[tuple[Any, str]] = field(default_factory=list)
 
 
 class Relay:
@@ -208,6 +220,12 @@ class Relay:
         result, marks = Batch(claimed=len(rows)), _Marks()
         self._batch_ids.clear()
         for row in rows:
+            newer = formats.row_problem(row.headers)
+            if newer is not None:  # not this relay's to read: a newer relay publishes it
+                logger.error("outbox row %s (%s): %s", row.id, row.task, newer)
+                result.newer += 1
+                marks.later.append((row, str(newer)[:MAX_ERROR]))
+                continue
             try:
                 with logs.job_fields(**row_fields(row)):
                     deduplicated = self.publish(row)
@@ -250,7 +268,7 @@ class Relay:
         handle = task.apply_async(
             kwargs=dict(row.kwargs),
             task_id=row.task_id,
-            headers=dict(row.headers),
+            headers={k: v for k, v in row.headers.items() if k != formats.ROW_FIELD},
             idempotency_key=row.idempotency_key,
         )
         if not getattr(handle, "deduplicated", False):
@@ -315,6 +333,10 @@ class Relay:
             if delay is not None:
                 values["next_attempt_at"] = now + timedelta(seconds=delay)
             conn.execute(sa.update(t).where(t.c.id == row.id).values(**values))
+        for row, error in marks.later:
+            later = now + timedelta(seconds=NEWER_ROW_DELAY)
+            postpone = {"last_error": error, "next_attempt_at": later}
+            conn.execute(sa.update(t).where(t.c.id == row.id).values(**postpone))
         for row, error in marks.dead:
             dead = {"attempts": t.c.attempts + 1, "last_error": error, "failed_at": now}
             conn.execute(sa.update(t).where(t.c.id == row.id).values(**dead))

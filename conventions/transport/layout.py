@@ -22,7 +22,8 @@ commands each, never on a job's path.
 * ``_cc.inboxes``: hash of every inbox (field) and the list it was filled from (value);
   ``_cc.inbox.<consumer>:<list>`` is one inbox.
 * ``_cc.bell.<queue>``: list of tokens (``"1"``), one pushed with each message the
-  layer publishes into the queue's lists (at most :data:`BELL_CAP`, gone
+  layer publishes, moves when due, gives back from a dead consumer's inbox or restores
+  into the queue's lists (at most :data:`BELL_CAP`, gone
   :data:`BELL_TTL` seconds after the last), so that an idle
   consumer of several queues wakes at once (``BLPOP`` over its queues' bells) and then
   sweeps its lists. A token is only a hint: the message itself never leaves its list but

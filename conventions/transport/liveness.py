@@ -18,8 +18,10 @@ which do not run kombu's event loop) that:
   the bound, and the skew in the consumer's description for the exporter;
 * about as often, sweeps: :data:`DEAD` finds consumers whose score lapsed (one command
   when nobody died, whatever the size of the fleet); each one's inboxes are given back
-  (:data:`GIVE_BACK`, atomic and exclusive) and it is forgotten once they stayed empty
-  for ``recovery_timeout``; then kombu's restore of the unacked set. A keeper sweeps
+  (:data:`GIVE_BACK`, atomic and exclusive, ringing their queues' bells: an idle
+  consumer of several queues takes them at once, not at its next timed sweep) and it is
+  forgotten once they stayed empty for ``recovery_timeout``; then kombu's restore of
+  the unacked set (which rings the bells too: ``Channel._do_restore_message``). A keeper sweeps
   only once it has itself been beating without a failure for one beat period: after an
   outage of Redis every live keeper renews before anyone takes it for dead;
 * every ``mover_interval`` seconds (sooner when a member falls due) moves the due
@@ -51,7 +53,16 @@ from typing import Any
 from kombu.utils.encoding import bytes_to_str
 
 from conventions.transport import delayed, skew
-from conventions.transport.layout import CONSUMER, CONSUMERS, DEAD_SINCE, INBOX, INBOXES
+from conventions.transport.layout import (
+    BELL_CAP,
+    BELL_TTL,
+    CONSUMER,
+    CONSUMERS,
+    DEAD_SINCE,
+    INBOX,
+    INBOXES,
+    bell_of,
+)
 
 logger = logging.getLogger("conventions.transport.liveness")
 
@@ -118,11 +129,18 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 return redis.call('ZRANGE', KEYS[1], '-inf', string.format('%.6f', now), 'BYSCORE',
                   'LIMIT', 0, tonumber(ARGV[1]))
 """
-#: KEYS: consumers, consumer hash, inbox registry, dead-since, inboxes...; ARGV: consumer,
-#: grace s, sources... (one per inbox) -> entries given back, -1 if it is alive again.
-#: Its inboxes and itself are forgotten once found empty for ``grace``: a fetch still
-#: under way may yet fill an inbox, and a later sweep gives that back.
-GIVE_BACK = """
+#: KEYS: consumers, consumer hash, inbox registry, dead-since, inboxes..., bells... (the
+#: bell of each inbox's queue, in the same order); ARGV: consumer, grace s, sources...
+#: (one per inbox) -> entries given back, -1 if it is alive again. Each message given
+#: back rings its queue's bell (an idle consumer of several queues wakes at once, as
+#: for a publish). Its inboxes and itself are forgotten once found empty for ``grace``:
+#: a fetch still under way may yet fill an inbox, and a later sweep gives that back.
+GIVE_BACK = (
+    f"""
+local bell_cap = {BELL_CAP}
+local bell_ttl = {BELL_TTL}
+"""
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -130,21 +148,31 @@ if score and tonumber(score) > now then
   redis.call('HDEL', KEYS[4], ARGV[1])
   return -1
 end
+local inboxes = #ARGV - 2
 local moved = 0
-for i = 5, #KEYS do
-  while redis.call('LMOVE', KEYS[i], ARGV[i - 2], 'LEFT', 'RIGHT') do moved = moved + 1 end
+for i = 1, inboxes do
+  local here = 0
+  while redis.call('LMOVE', KEYS[4 + i], ARGV[2 + i], 'LEFT', 'RIGHT') do here = here + 1 end
+  if here > 0 then
+    local bell = KEYS[4 + inboxes + i]
+    for _ = 1, math.min(here, bell_cap) do redis.call('LPUSH', bell, '1') end
+    redis.call('LTRIM', bell, 0, bell_cap - 1)
+    redis.call('EXPIRE', bell, bell_ttl)
+  end
+  moved = moved + here
 end
 local since = tonumber(redis.call('HGET', KEYS[4], ARGV[1]))
 if moved > 0 or not since then
   redis.call('HSET', KEYS[4], ARGV[1], string.format('%.6f', now))
 elseif now - since >= tonumber(ARGV[2]) then
-  for i = 5, #KEYS do redis.call('HDEL', KEYS[3], KEYS[i]) end
+  for i = 1, inboxes do redis.call('HDEL', KEYS[3], KEYS[4 + i]) end
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('DEL', KEYS[2])
   redis.call('HDEL', KEYS[4], ARGV[1])
 end
 return moved
 """
+)
 
 
 def inbox_prefix(consumer: str) -> str:
@@ -164,7 +192,7 @@ def give_back_dead(client: Any, own: str, grace: float, limit: int = DEAD_PER_SW
         prefix = inbox_prefix(consumer)
         inboxes = [(i, s) for i, s in registry.items() if i.startswith(prefix)]
         keys = [CONSUMERS, CONSUMER.format(consumer=consumer), INBOXES, DEAD_SINCE,
-                *(i for i, _ in inboxes)]  # fmt: skip
+                *(i for i, _ in inboxes), *(bell_of(s) for _, s in inboxes)]  # fmt: skip
         args = [consumer, repr(float(grace)), *(s for _, s in inboxes)]
         moved = int(client.eval(GIVE_BACK, len(keys), *keys, *args))
         if moved > 0:

@@ -369,6 +369,24 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         if hook is not None and hooked:
             hook.ran = True
 
+    def _do_restore_message(
+        self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False
+    ) -> None:
+        """kombu's restore of a message to its queue (past the visibility timeout, or a
+        closing channel's unacked ones), with the ring of the queue's bell in the same
+        transaction: an idle consumer of several queues takes it at once, not at its
+        next timed sweep. A bell is a hint: a lookup that fails rings none."""
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        try:
+            queues = list(dict.fromkeys(self._lookup(exchange, routing_key)))
+        except Exception:  # kombu logged why it could not restore it
+            return
+        for queue in queues:
+            bell = bell_of(queue)
+            pipe.lpush(bell, "1")
+            pipe.ltrim(bell, 0, BELL_CAP - 1)
+            pipe.expire(bell, BELL_TTL)
+
     # -- fetching ---------------------------------------------------------------------
 
     def basic_consume(

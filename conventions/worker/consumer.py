@@ -16,6 +16,11 @@ unknown task or a refused content type. Set by ``worker_consumer`` in ``celeryco
 
 Before Celery sees a message, :meth:`Consumer.refusal` turns away, as dead letters:
 
+* a message written by a newer release than this worker reads (its ``cc_format`` header,
+  :mod:`conventions.config.formats`): ``newer_format``, checked before anything else
+  reads the message; the record keeps its kwargs, its reservation is given back, and it
+  replays once the fleet runs the new release. A message without the header (an older
+  release's, a foreign producer's) is read as always;
 * an entry the transport wrapped because it was not a well-formed kombu envelope
   (:mod:`conventions.transport.envelope`): ``unparseable``, with the transport's reason;
 * a message larger than ``conventions_max_message_bytes`` (1 MiB by default; payloads
@@ -49,6 +54,7 @@ from celery.exceptions import Reject
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from celery.worker.consumer import Consumer as CeleryConsumer
 
+from conventions.config import formats
 from conventions.observability import audit
 from conventions.observability.deadletters import (
     MAX_MESSAGE,
@@ -59,6 +65,7 @@ from conventions.observability.deadletters import (
     kept_body,
     scrub,
 )
+from conventions.store import keys
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.transport import envelope
@@ -71,6 +78,10 @@ __all__ = ["MAX_RAW_BODY", "Consumer", "raw_body", "record"]
 #: the largest message a worker takes (bytes of body plus header values) unless
 #: ``conventions_max_message_bytes`` says otherwise: payloads hold ids, a few KB at most
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+#: the ``exc_type`` of a message written by a newer release than this worker reads
+NEWER_FORMAT = "NewerFormat"
+#: the refusals whose record keeps the job's kwargs, so that it replays
+REPLAYABLE = ("EtaBeyondVisibility", NEWER_FORMAT)
 
 
 def raw_body(message: Any) -> dict[str, Any]:
@@ -200,6 +211,20 @@ def record(
     return dead
 
 
+def give_back_key(task: Any, task_id: str, headers: dict[str, Any]) -> None:
+    """Drop the enqueue reservation the message's producer made for it, read from its
+    idempotency key header (an older worker does not derive keys from a newer payload):
+    only while ``task_id`` holds it, so a header can free no other job's key."""
+    carried = hdr.read_header(hdr.IDEMPOTENCY_KEY, headers.get(hdr.IDEMPOTENCY_KEY))
+    store = getattr(task, "store", None)
+    if not carried or store is None or getattr(task, "dedup", None) is None:
+        return
+    try:
+        store.unreserve(keys.namespaced(task.name, carried), task_id)
+    except Exception:
+        logger.warning("could not give back the key of refused job %s", task_id, exc_info=True)
+
+
 class Consumer(CeleryConsumer):  # type: ignore[misc]
     """Celery's consumer, with a dead letter for every message it cannot run, and its
     task events sent in batches (:mod:`conventions.worker.event_batch`)."""
@@ -268,6 +293,9 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
                 return Category.INVALID, reason, "MessageTooLarge"
             return Category.UNPARSEABLE, reason, "MalformedEnvelope"
         headers = message.headers if isinstance(message.headers, dict) else {}
+        newer = formats.message_refusal(headers)  # before anything else reads it
+        if newer is not None:
+            return Category.NEWER_FORMAT, newer, NEWER_FORMAT
         if len(headers) > envelope.MAX_HEADERS:
             return Category.INVALID, envelope.too_many(len(headers)), "MessageTooLarge"
         size = message_size(message, headers)
@@ -292,11 +320,13 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
     def refuse(self, message: Any, category: Category, reason: str, exc_type: str) -> None:
         """Dead-letter a refused message, store a small FAILURE for a caller waiting on
         a known task's result, and ack it."""
-        kwargs = job_kwargs(message) if exc_type == "EtaBeyondVisibility" else None
-        record(self, message, category, reason, None, exc_type=exc_type, payload=kwargs)
+        kwargs = job_kwargs(message) if exc_type in REPLAYABLE else None
         headers = message.headers if isinstance(message.headers, dict) else {}
         task_id, name = headers.get("id"), headers.get("task")
         task = self.app.tasks.get(name) if isinstance(name, str) else None
+        if exc_type == NEWER_FORMAT and isinstance(task_id, str):
+            give_back_key(task, task_id, headers)  # else its replay is deduplicated
+        record(self, message, category, reason, None, exc_type=exc_type, payload=kwargs)
         if isinstance(task_id, str) and task is not None and not task.ignore_result:
             request = SimpleNamespace(
                 name=name, chord=None, root_id=None, errbacks=None, reply_to=None,

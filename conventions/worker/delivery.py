@@ -35,6 +35,7 @@ from conventions.observability.progress import PROGRESS_STATE
 from conventions.results import redis as results
 from conventions.schedules import overlap
 from conventions.store import keys
+from conventions.store.batches import SUCCEEDED
 from conventions.store.records import AuditEvent, Category, Claim, ClaimStatus
 from conventions.tracing import headers as hdr
 from conventions.tracing import logs, scrubbing, spans
@@ -256,10 +257,14 @@ class Delivery(Exits):
         """The key is already done: drop this job's reservation, run nothing. A store
         that does not answer keeps the job (deferred) rather than the reservation."""
         task, request, key = self.task, self.request, str(self.key)
+        move = self.batch_move(SUCCEEDED)
         try:
             task.store.unreserve(key, request.id)
+            # a member whose key another run did: it ended (idempotent per member)
+            fired = task.store.end_member(move) if move else None
         except Exception as exc:
             self.store_down(exc)
+        self.batch_fired(fired)
         self.decision = "skip"
         self.audit("skipped_duplicate", outcome=claim.outcome, holder=claim.holder)
         logger.info("%s[%s]: key %s already done, body skipped", task.name, request.id, key)
@@ -280,7 +285,8 @@ class Delivery(Exits):
                 hold=lambda: keeper.hold(store, key, owner, settings.lease),
                 let_go=lambda: keeper.drop(key, owner), deadline=self.deadline(),
                 give_back=self.give_back, fingerprint=self.fingerprint,
-                delivery_id=self.delivery_id,
+                delivery_id=self.delivery_id, batch=self.batch_move(SUCCEEDED),
+                on_fired=self.batch_fired,
             )  # fmt: skip
         except Exception as exc:
             self.completion_refused(exc)
@@ -391,10 +397,13 @@ class Delivery(Exits):
         decision = self.body.decisions.decide(exc)
         store, key = self.task.store, str(self.key)
         if isinstance(decision, SkipDecision):
+            move = self.batch_move(SUCCEEDED)  # a skipped member ended: not a failure
             try:
                 store.release(key, self.owner, self.request.id)
+                fired = store.end_member(move) if move else None
             except Exception as release_error:  # the reservation would stay: keep the job
                 self.store_down(release_error, " for the skip")
+            self.batch_fired(fired)
             self.decision = "skip"
             self.audit("skipped", reason=decision.reason)
             logger.info("%s[%s] skipped: %s", self.task.name, self.request.id, decision.reason)

@@ -18,10 +18,12 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Reject, Retry
 from kombu.exceptions import EncodeError
 
+from conventions.batches import callbacks as batch_callbacks
 from conventions.jobs.decisions import RetryDecision
 from conventions.observability import alerts
 from conventions.observability import deadletters as deadletter
 from conventions.store import keys
+from conventions.store.batches import FAILED, BatchMove
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.tracing import scrubbing
@@ -78,6 +80,20 @@ class Exits:
     decision: str | None = None
     category: str | None = None
     dead_letter_id: str | None = None
+
+    def batch_move(self, outcome: str, dead_letter_id: str = "") -> BatchMove | None:
+        """This job's end in its batches (``cc_batch``), or None when it is in none."""
+        chain = self.headers.get(hdr.BATCH)
+        if not chain or not self.key:
+            return None
+        ids = tuple(part for part in str(chain).split(",") if part)
+        return BatchMove(ids, self.key, outcome, str(self.request.id), dead_letter_id)
+
+    def batch_fired(self, fired: list[str] | None) -> None:
+        """Publish the batch callbacks this job's end made due (a failure is left to
+        the sweep: :mod:`conventions.batches.callbacks`)."""
+        if fired:
+            batch_callbacks.publish_due(self.task.app, fired)
 
     if TYPE_CHECKING:  # provided by ``runner.Delivery``
 
@@ -199,14 +215,21 @@ class Exits:
         task, request = self.task, self.request
         record = self.record(exc, category, reason)
         reserved = self.key or self.carried_reservation()
+        move = self.batch_move(FAILED, record.id)
         try:
             # the reservation first: a written record never leaves its key reserved
             if reserved:
                 task.store.unreserve(reserved, request.id)
-            task.store.put_dead_letter(record)
+            # a batch member's end moves with its record (no extra trip for others)
+            fired = (
+                task.store.put_dead_letter(record, batch=move)
+                if move
+                else task.store.put_dead_letter(record)
+            )
         except Exception as write_error:
             # no home for the record: keep the job instead (it runs again later)
             self.store_down(write_error, " for the dead letter")
+        self.batch_fired(fired)
         self.dead_letter_note = dead_letter_note(str(category), record.id)
         self.decision, self.category, self.dead_letter_id = "dead_letter", str(category), record.id
         if exc is not None:  # in the traceback Celery stores, logs and sends to Flower

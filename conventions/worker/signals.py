@@ -3,7 +3,10 @@
 - ``before_task_publish``: every publish gets our headers, not only ``.delay()`` of a
   convention task: ``send_task``, canvas steps, plain Celery tasks, beat. Inside a job the
   bound context is the job's, so children inherit its correlation id and name it as their
-  cause; outside any context (beat, a script) each publish starts a new story. Flower
+  cause; outside any context (beat, a script) each publish starts a new story. Each
+  message says which version of the headers wrote it (``cc_format``: the version of
+  this process's release, even on a retry of an older message, since this process
+  wrote the headers anew; ``conventions.config.formats``). Flower
   renders no custom headers, so the correlation id is also appended to the display-only
   kwargs repr of every publish: a first publish, a retry, a deferral, a replay, a child.
 - ``after_task_publish``: only where ``opentelemetry-instrumentation-celery`` is installed,
@@ -24,6 +27,7 @@ import contextlib
 import contextvars
 from typing import Any
 
+from conventions.config import formats
 from conventions.observability import alerts
 from conventions.results import redis as results
 from conventions.tracing import context, logs, spans
@@ -43,6 +47,7 @@ def on_before_publish(
     traces, the trace context goes into the headers too (:mod:`conventions.tracing.otel`)."""
     if headers is None:
         return
+    headers[hdr.FORMAT] = formats.HEADERS  # the version of the code that wrote them
     if hdr.CORRELATION not in headers:  # not ours yet: a plain task, beat, a script
         for name, value in context.outgoing(None).items():
             headers.setdefault(name, value)

@@ -27,13 +27,14 @@ from typing import Any
 
 from celery import current_app, signals
 
+from conventions.batches import callbacks as batch_callbacks
 from conventions.config import settings
 from conventions.errors import ConfigurationError
 from conventions.observability import alerts
-from conventions.ops import pauses, retention
+from conventions.ops import retention
 from conventions.tracing import logs, spans
 from conventions.transport import amqp_queues
-from conventions.worker import lifecycle, poison_queue, reservations
+from conventions.worker import lifecycle, poison_queue, queue_pauses, reservations
 from conventions.worker import signals as handlers
 
 logger = logging.getLogger("conventions.worker.wiring")
@@ -126,18 +127,22 @@ class Wiring:
         self._start()
         _init_sentry(self.app)
         lifecycle.on_worker_init(sender)
+        queue_pauses.on_init(self.app, sender)  # its own queues, the resume command
         _declare_amqp_topology(self.app)
 
     def worker_ready(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
             retention.start(self.app)
-            pauses.at_start(self.app, sender)  # sender: the consumer
+            batch_callbacks.start(self.app)  # publishes the callbacks a crash left due
+            queue_pauses.start(self.app, sender)  # sender: the consumer
             # RabbitMQ's quorum queues: the poison queue's consumer (else nothing)
             poison_queue.start(self.app, getattr(sender, "hostname", None))
 
     def worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
             retention.stop(self.app)
+            batch_callbacks.stop(self.app)
+            queue_pauses.stop(self.app, str(getattr(sender, "hostname", "")))
             poison_queue.stop(self.app)
 
     def shutting_down(self, sender: Any = None, how: Any = None, **_: Any) -> None:

@@ -65,6 +65,11 @@ METHODS: dict[tuple[str, str], str | None] = {
     (f"{KOMBU_VIRTUAL}:QoS", "append"): "(self, message, delivery_tag)",
     # conventions.transport.redis: the restore on the Redis server's clock
     (f"{KOMBU_REDIS}:QoS", "restore_by_tag"): "(self, tag, client=None, leftmost=False)",
+    # conventions.transport.redis: a restored message rings its queue's bell
+    (f"{KOMBU_REDIS}:Channel", "_do_restore_message"): (
+        "(self, payload, exchange, routing_key, pipe, leftmost=False)"
+    ),
+    (f"{KOMBU_REDIS}:Channel", "_lookup"): "(self, exchange, routing_key, default=None)",
     (f"{KOMBU_REDIS}:QoS", "unacked_mutex_key"): None,
     (f"{KOMBU_REDIS}:QoS", "unacked_mutex_expire"): None,
     (f"{KOMBU_REDIS}:QoS", "unacked_index_key"): None,

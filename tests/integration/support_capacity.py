@@ -214,3 +214,18 @@ def export(payload: Export, ctx: JobContext) -> dict[str, int]:
                 raise TransientError("the test never said go")
             time.sleep(0.05)
     return {"rows": 3}
+
+
+@app.job("testing.reported_export.v1", payload=Export, key="reported:{export_id}", workload="email")
+def reported_export(payload: Export, ctx: JobContext) -> dict[str, int]:
+    """As ``export``, reporting with ``ctx.progress`` (the store and the result backend's
+    ``PROGRESS`` state)."""
+    store = app.store
+    for done in range(1, 3):
+        ctx.progress(done, 2)
+        deadline = time.monotonic() + 20
+        while not store.get_state(f"testing:go:{payload.export_id}:{done}"):
+            if time.monotonic() > deadline:
+                raise TransientError("the test never said go")
+            time.sleep(0.05)
+    return {"rows": 2}

@@ -365,17 +365,18 @@ def test_a_selection_is_replayed_in_one_post_and_each_outcome_is_shown(base_url:
 def test_a_worker_starting_while_its_queue_is_paused_does_not_consume_it(
     base_url: str, thread_worker: Any
 ) -> None:
-    """``pauses.at_start``, the worker-start part (called here on the running worker's
-    consumer, as ``worker_ready`` calls it on a starting one)."""
+    """``queue_pauses.at_start``, the worker-start part (called here on the running
+    worker's consumer, as ``worker_ready`` calls it on a starting one)."""
     from conventions.observability import queues
     from conventions.ops import pauses
+    from conventions.worker import queue_pauses
 
     document = {"queue": "email", "actor": "olivia@ops", "at": "-", "reason": "outage"}
     app.store.put_state(pauses.QUEUES.record("email"), {**document, "workers": []}, None)
     with client(base_url, "olivia@ops", "operator") as http:
         token = token_of(http, "/queues")
         try:
-            assert pauses.at_start(app, thread_worker.consumer) == ["email"]
+            assert queue_pauses.at_start(app, thread_worker.consumer) == ["email"]
             eventually(lambda: queues.consumers(app, 1.0).get("email", 0) == 0, "the cancel")
             stored = app.store.get_state(pauses.QUEUES.record("email"))
             assert stored is not None

@@ -12,6 +12,7 @@ page does not offer is refused and audited. The app is served by uvicorn in a th
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 import threading
@@ -223,6 +224,7 @@ def test_a_sensitive_field_and_the_key_built_from_it_are_redacted_on_every_surfa
     hostile.run("testing.reset_link.v1", task_id, key, "x")
     tasks.app.store.reserve(f"testing.reset_link:{key}", task_id, 300)  # keys show: held
     pages = ["/dead-letters", f"/dead-letters/{record.id}", "/runs", f"/runs/{task_id}"]
+    pages.append("/trace?correlation=x")  # the run's audit trail (its events carry the key)
     for path in pages:
         page = console.get(path)
         assert page.status_code == 200, path
@@ -231,7 +233,7 @@ def test_a_sensitive_field_and_the_key_built_from_it_are_redacted_on_every_surfa
     commands = [
         ["dlq", "show", record.id], ["dlq", "show", record.id, "--json"], ["dlq", "list"],
         ["runs", "show", task_id], ["runs", "show", task_id, "--json"], ["keys", "show", key],
-        ["keys", "show", key, "--json"],
+        ["keys", "show", key, "--json"], ["trace", "x", "--json"],
     ]  # fmt: skip
     for argv in commands:
         assert main(["-A", "tasks", *argv]) == 0, argv
@@ -261,3 +263,17 @@ def test_a_trigger_of_an_occurrence_not_offered_is_refused_and_audited(
     old = entry.schedule.latest(datetime(1999, 3, 4, 23, 59, tzinfo=UTC))
     assert old is not None
     assert app.store.audit_for(entry.occurrence(old).correlation_id) == []  # nothing sent
+
+
+def test_a_dead_letter_shows_the_trace_id_of_a_well_formed_traceparent_only(
+    console: httpx.Client,
+) -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    shown_ids = []
+    for parent in (f"00-{trace}-00f067aa0ba902b7-01", f"00-{trace}<b>-x-01"):
+        record = hostile.dead_letter("testing.reset_link.v1", "k", {}, "x")
+        record = dataclasses.replace(record, headers={**record.headers, "traceparent": parent})
+        app.store.put_dead_letter(record)
+        page = console.get(f"/dead-letters/{record.id}").text
+        shown_ids.append(re.search(r'id="trace-id">([^<]*)<', page).group(1))  # type: ignore[union-attr]
+    assert shown_ids == [trace, "-"]

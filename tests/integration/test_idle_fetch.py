@@ -20,7 +20,9 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
+from conventions.transport import liveness
 from conventions.transport import redis as broker
+from conventions.transport.layout import CONSUMERS
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.integration.helpers import Monitor, wait_for
 from tests.integration.support_jobs import probe
@@ -116,6 +118,38 @@ def publish(queue: Queue, body: Any, **kwargs: Any) -> None:
             body, exchange=queue.exchange, routing_key=queue.routing_key, declare=[queue],
             **kwargs,
         )  # fmt: skip
+
+
+def test_a_job_given_back_from_a_dead_consumers_inbox_rings_the_bell_of_its_queue(
+    services: None, broker_redis: redis.Redis, queues: list[Queue]
+) -> None:
+    """The sweep that gives back a dead consumer's inbox rings its queue's bell: an idle
+    consumer of several queues takes the job at once, not at its next timed sweep."""
+    got: list[Any] = []
+    staging = Queue(f"{queues[0].name}-staging", Exchange("", type="direct"),
+                    routing_key=f"{queues[0].name}-staging")  # fmt: skip
+    with idle_consumer(queues, got) as drain:
+        channel = drain()
+        for n in range(ATTEMPTS):
+            dead = uuid.uuid4().hex  # killed right after its fetch: the job in its inbox
+            inbox = broker.INBOX.format(consumer=dead, source=queues[1].name)
+            with Connection(URL, transport="redis", transport_options=OPTIONS) as pub:
+                Producer(pub.default_channel).publish(
+                    {"n": n}, exchange=staging.exchange, routing_key=staging.routing_key,
+                    declare=[staging],
+                )  # fmt: skip
+            broker_redis.hset(broker.INBOXES, inbox, queues[1].name)
+            broker_redis.lmove(staging.name, inbox, "RIGHT", "LEFT")
+            broker_redis.zadd(CONSUMERS, {dead: 1})  # its sign of life long lapsed
+            with Monitor() as monitor:
+                wait_for(lambda: drain() and waiting_at_longest(
+                    monitor, broker.bell_of(queues[1].name), "0.4"), every=0)  # fmt: skip
+                assert liveness.give_back_dead(broker_redis, "a-sweeper", grace=30) == 1
+                wait_for(lambda: drain() and len(got) > n, every=0)  # noqa: B023
+            if channel.taken_on_ring:
+                break
+    assert channel.taken_on_ring == 1
+    assert got[-1] == {"n": n}
 
 
 def test_a_foreign_lpush_without_a_bell_is_still_taken_by_the_next_sweep(

@@ -154,6 +154,40 @@ def test_a_dead_consumers_inboxes_are_given_back_once_by_concurrent_sweepers(
     client.delete(queue.name)
 
 
+def test_what_a_dead_consumers_inboxes_give_back_rings_their_queues_bells(
+    client: redis.Redis, queue: Queue
+) -> None:
+    """An idle consumer of several queues waits on their bells: a job given back must
+    ring, as a publish does, or it waits for the consumer's next timed sweep."""
+    consumer = uuid.uuid4().hex
+    other = f"{queue.name}-b"
+    inboxes = {INBOX.format(consumer=consumer, source=s): s for s in (queue.name, other)}
+    client.zadd(CONSUMERS, {consumer: 1})  # long dead
+    for inbox, source in inboxes.items():
+        client.hset(INBOXES, inbox, source)
+    first = next(iter(inboxes))
+    client.lpush(first, "m0", "m1")  # the other inbox is empty: its bell stays silent
+    assert liveness.give_back_dead(client, "another", grace=30) == 2
+    bell = layout.bell_of(queue.name)
+    assert (client.llen(bell), 0 < client.ttl(bell) <= layout.BELL_TTL) == (2, True)
+    assert not client.exists(layout.bell_of(other))
+    client.delete(queue.name, bell)
+
+
+def test_a_message_restored_past_the_visibility_timeout_rings_its_queues_bell(
+    holder: Holder, queue: Queue, client: redis.Redis, sweeper: Any
+) -> None:
+    publish(holder.connection, queue, {"n": 1})
+    tag = holder.take()
+    bell = layout.bell_of(queue.name)
+    client.delete(bell)  # the publish's ring
+    holder.die()
+    sweeper.qos.restore_by_tag(tag)  # what the restore past the timeout does with it
+    assert client.llen(queue.name) == 1
+    assert (client.llen(bell), 0 < client.ttl(bell) <= layout.BELL_TTL) == (1, True)
+    client.delete(queue.name, bell)
+
+
 def test_a_dead_consumer_is_forgotten_once_its_inboxes_stayed_empty(
     client: redis.Redis, queue: Queue
 ) -> None:
@@ -178,7 +212,8 @@ def test_a_consumer_alive_again_is_left_alone(client: redis.Redis, queue: Queue)
     client.hset(INBOXES, inbox, queue.name)
     client.lpush(inbox, "m")
     script = liveness.GIVE_BACK
-    keys = [CONSUMERS, CONSUMER.format(consumer=consumer), INBOXES, liveness.DEAD_SINCE, inbox]
+    keys = [CONSUMERS, CONSUMER.format(consumer=consumer), INBOXES, liveness.DEAD_SINCE, inbox,
+            layout.bell_of(queue.name)]  # fmt: skip
     assert client.eval(script, len(keys), *keys, consumer, "30", queue.name) == -1
     assert client.llen(inbox) == 1
     client.delete(inbox)

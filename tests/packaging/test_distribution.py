@@ -11,10 +11,12 @@ from email.parser import Parser
 
 from packaging.requirements import Requirement
 
+import conventions
 from tests.packaging.conftest import ROOT, Built
 
-DIST_INFO = "celery_conventions-0.1.0.dist-info/"
-SDIST_ROOT = "celery_conventions-0.1.0/"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+DIST_INFO = f"celery_conventions-{VERSION}.dist-info/"
+SDIST_ROOT = f"celery_conventions-{VERSION}/"
 #: what the sdist may hold at its top level: the layer and its metadata, nothing else
 SDIST_TOP = {
     "conventions",
@@ -155,3 +157,7 @@ def test_the_commands_are_declared(built: Built) -> None:
     points = built.wheel_file("entry_points.txt")
     assert "conventions = conventions.cli.main:main" in points
     assert "[celery.commands]" in points
+
+
+def test_the_package_says_the_version_the_distribution_has() -> None:
+    assert conventions.__version__ == VERSION

@@ -18,6 +18,7 @@ from conventions.errors import (
     LayerError,
     LockBusy,
     MissingExtra,
+    NewerFormat,
     PayloadError,
     PermanentError,
     QueueOverCapacity,
@@ -46,6 +47,7 @@ ALL = [
     QueueOverCapacity,
     BackendUnavailable,
     Unroutable,
+    NewerFormat,
 ]
 
 

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from conventions.config import formats
 from conventions.tracing import context, logs
 from conventions.tracing import headers as hdr
 from conventions.worker import signals as tracing
@@ -118,7 +119,11 @@ def test_a_publish_that_carries_our_headers_keeps_them_and_shows_its_own_id() ->
     headers: dict[str, object] = {hdr.CORRELATION: "mine", "kwargsrepr": "{'x': 1}"}
     with context.bind(correlation_id="other"):
         tracing.on_before_publish(headers=headers)
-    assert headers == {hdr.CORRELATION: "mine", "kwargsrepr": "{'x': 1, '~correlation': 'mine'}"}
+    assert headers == {
+        hdr.CORRELATION: "mine",
+        "kwargsrepr": "{'x': 1, '~correlation': 'mine'}",
+        hdr.FORMAT: formats.HEADERS,  # this process wrote them: its version
+    }
     tracing.on_before_publish(headers=headers)  # shown once
     assert headers["kwargsrepr"] == "{'x': 1, '~correlation': 'mine'}"
 

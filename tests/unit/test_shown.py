@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from conventions import Id, Payload, sensitive
 from conventions.observability import shown
 from conventions.store.base import KeyState
-from conventions.store.records import Category, DeadLetter
+from conventions.store.records import AuditEvent, Category, DeadLetter
 from conventions.store.runs import Attempt, Run
 
 TOKEN = "tok_9f8e7d6c5b4a"
@@ -71,3 +71,14 @@ def test_keys_show_redacts_a_key_its_task_template_matches() -> None:
     assert state.key == "reset:u_1:<redacted>"
     other = shown.key_state(APP, KeyState(key="receipt:ann@example.org"))
     assert other.key == "receipt:<email>"
+
+
+def test_a_trails_keys_and_details_are_shown_as_their_task_hides_them() -> None:
+    event = AuditEvent(
+        event="retried", task="auth.reset.v1", task_id="t1", correlation_id="c1",
+        idempotency_key=f"auth.reset:reset:u_1:{TOKEN}", detail={"error": "password=hunter2"},
+    )  # fmt: skip
+    [seen] = shown.audit_events(APP, [event])
+    assert seen.idempotency_key == "auth.reset:reset:u_1:<redacted>"
+    assert seen.detail == {"error": "password=<redacted>"}
+    assert (seen.event, seen.task_id, seen.correlation_id) == ("retried", "t1", "c1")

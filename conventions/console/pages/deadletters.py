@@ -44,6 +44,7 @@ from conventions.ops import replay as replaylib
 from conventions.store import key_forms
 from conventions.store.records import AuditEvent, Category, DeadLetter
 from conventions.task import ConventionTask
+from conventions.tracing import headers
 
 #: the records a page of the list shows
 PER_PAGE = 50
@@ -174,9 +175,14 @@ def replays_of(app: Any, record: DeadLetter) -> list[AuditEvent]:
     if not record.correlation_id:
         return []
     events = app.store.audit_for(record.correlation_id)
-    return [
-        e for e in events if e.event == "replayed" and e.detail.get("dead_letter_id") == record.id
-    ]
+    return shown.audit_events(
+        app,
+        [
+            e
+            for e in events
+            if e.event == "replayed" and e.detail.get("dead_letter_id") == record.id
+        ],
+    )
 
 
 def _detail(app: Any, record_id: str) -> tuple[DeadLetter, list[AuditEvent]] | None:
@@ -203,6 +209,7 @@ async def detail(request: Request) -> Response:
         "cause": views.scrubbed(views.cause(record.exc_type, record.message, record.traceback)),
         "frames": views.frames(views.scrubbed(record.traceback)),
         "replays": found[1],
+        "trace_id": headers.trace_id(found[0].headers),
         "when": views.when,
     }
     return render(request, who, "dead_letter.html", context)

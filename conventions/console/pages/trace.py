@@ -9,7 +9,7 @@ from starlette.routing import Route
 
 from conventions.console import views
 from conventions.console.context import console_of, render, require
-from conventions.observability import trace
+from conventions.observability import shown, trace
 
 
 async def index(request: Request) -> Response:
@@ -17,8 +17,9 @@ async def index(request: Request) -> Response:
     correlation = request.query_params.get("correlation", "").strip()
     roots: list[trace.Job] = []
     if correlation:
-        events = await run_in_threadpool(console_of(request).app.store.audit_for, correlation)
-        roots = trace.build_trace(events)
+        app = console_of(request).app
+        events = await run_in_threadpool(app.store.audit_for, correlation)
+        roots = trace.build_trace(shown.audit_events(app, events))
     context = {"correlation": correlation, "roots": roots, "when": views.when}
     status = 404 if correlation and not roots else 200
     return render(request, who, "trace.html", context, status=status)

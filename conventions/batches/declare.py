@@ -1,0 +1,156 @@
+"""Batches: N convention jobs and a callback that runs once, after every one has ended.
+
+``app.batch(key, on_success=..., on_complete=...)`` makes a :class:`Batch`; members are
+added with :meth:`Batch.add` (a convention task and its payload), nested batches with
+:meth:`Batch.batch`, and :meth:`Batch.submit` makes the batch in the store and publishes
+the members. Why not Celery's chord: its Redis counter and ``chord_unlock`` live apart
+from the jobs' own outcomes (celery/celery#4207, #3363, #2556); here the batch's state is
+in the layer's store and moves in the same step as each member's completion or dead
+letter (:mod:`conventions.store.batches`), so the callback cannot be lost nor run twice.
+
+Idempotency: the batch's key is its id. Submitting the same key again does not make a
+second batch: the members are published again only when the first submit did not
+finish (each is deduplicated by its own idempotency key), and nothing is published
+when it did. A member is named by its namespaced idempotency key: two members with one
+key are refused (they would be one job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from conventions.batches.callbacks import BATCH_FIELD
+from conventions.errors import ConfigurationError
+from conventions.store import batches as b
+from conventions.tracing import headers as hdr
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What :meth:`Batch.submit` answers."""
+
+    id: str
+    #: False when a batch of this key existed (nothing new was made)
+    created: bool
+    #: how many member publishes were made (0 when the batch was submitted whole before)
+    published: int
+    store: Any = field(repr=False, compare=False)
+
+    def status(self) -> b.BatchStatus | None:
+        """The batch now (:class:`~conventions.store.batches.BatchStatus`)."""
+        return self.store.get_batch(self.id)  # type: ignore[no-any-return]
+
+
+@dataclass
+class _Member:
+    task: Any
+    kwargs: dict[str, Any]
+    name: str
+
+
+class Batch:
+    """A batch being declared (see the module). Not thread-safe; submit it once."""
+
+    def __init__(
+        self,
+        app: Any,
+        key: str,
+        *,
+        on_success: Any = None,
+        on_complete: Any = None,
+        parent: Batch | None = None,
+    ) -> None:
+        if not key or "," in key or "|" in key or len(key) > b.MAX_ID:
+            raise ConfigurationError(
+                f"batch key {key!r}: 1 to {b.MAX_ID} characters, without ',' or '|'"
+            )
+        self.app, self.id, self.parent = app, key, parent
+        self.callbacks = {
+            which: _callback(app, which, signature)
+            for which, signature in ((b.ON_SUCCESS, on_success), (b.ON_COMPLETE, on_complete))
+            if signature is not None
+        }
+        self.members: list[_Member] = []
+        self.children: list[Batch] = []
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """This batch's id and its parents', innermost first (the ``cc_batch`` header)."""
+        return (self.id, *(self.parent.chain if self.parent else ()))
+
+    def add(self, task: Any, **payload: Any) -> None:
+        """Add a member: ``task`` (a convention task) with its payload fields."""
+        if not hasattr(task, "prepare"):
+            raise ConfigurationError(f"a batch member must be a convention task, not {task!r}")
+        _, name, _ = task.prepare(dict(payload), {})  # checked now, as .delay() would
+        self.members.append(_Member(task, dict(payload), name))
+
+    def batch(self, key: str, *, on_success: Any = None, on_complete: Any = None) -> Batch:
+        """A nested batch, a member of this one: it counts as succeeded here when all of
+        its own members succeeded, and as failed when one failed (until a replay)."""
+        child = Batch(self.app, key, on_success=on_success, on_complete=on_complete, parent=self)
+        self.children.append(child)
+        return child
+
+    def spec(self) -> b.BatchSpec:
+        names = [m.name for m in self.members] + [b.nested_member(c.id) for c in self.children]
+        if not names:
+            raise ConfigurationError(f"batch {self.id!r} has no member")
+        if len(set(names)) != len(names):
+            raise ConfigurationError(
+                f"batch {self.id!r}: two members share an idempotency key (they would be one job)"
+            )
+        parent = self.parent.id if self.parent else None
+        return b.BatchSpec(self.id, tuple(names), self.callbacks, parent)
+
+    def _all(self) -> list[Batch]:
+        return [self, *(grand for child in self.children for grand in child._all())]
+
+    def submit(self) -> Submitted:
+        """Make the batch (and its nested ones) in the store, then publish every member;
+        a batch already submitted whole publishes nothing (see the module)."""
+        if self.parent is not None:
+            raise ConfigurationError("submit the outermost batch: it submits the nested ones")
+        store = self.app.store
+        every = self._all()
+        specs = [batch.spec() for batch in every]  # every check before any write
+        created = store.create_batch(specs[0])
+        if not created:
+            status = store.get_batch(self.id, members=False)
+            if status is not None and status.published:
+                return Submitted(self.id, False, 0, store)
+        for spec in specs[1:]:
+            store.create_batch(spec)
+        published = 0
+        for batch in every:
+            header = {hdr.BATCH: ",".join(batch.chain)}
+            for member in batch.members:
+                member.task.apply_async(kwargs=member.kwargs, headers=dict(header))
+                published += 1
+        for batch in reversed(every):
+            store.mark_batch_published(batch.id)
+        return Submitted(self.id, created, published, store)
+
+
+def _callback(app: Any, which: str, signature: Any) -> dict[str, Any]:
+    """A callback's signature as the store keeps it, checked: a convention task whose
+    payload takes ``batch_id`` and whose key template uses it (else the callbacks of two
+    batches would share a key, and the second would be skipped as done)."""
+    name = getattr(signature, "task", None) or getattr(signature, "name", None)
+    kwargs = dict(getattr(signature, "kwargs", None) or {})
+    task = app.tasks.get(name) if name else None
+    payload = getattr(task, "payload", None)
+    if task is None or payload is None or BATCH_FIELD not in payload.model_fields:
+        raise ConfigurationError(
+            f"{which}={signature!r}: a batch callback is a convention job whose payload "
+            f"has a {BATCH_FIELD!r} field (the layer fills it), given as task.s(**fields)"
+        )
+    template = getattr(task, "key", None)
+    if isinstance(template, str) and "{" + BATCH_FIELD + "}" not in template:
+        raise ConfigurationError(
+            f"{which}: {name}'s key template {template!r} must use {{{BATCH_FIELD}}}, so "
+            "that each batch's callback has a key of its own"
+        )
+    payload.parse({**kwargs, BATCH_FIELD: "check"}, task=name)  # a bad callback fails now
+    return {"task": name, "kwargs": kwargs}

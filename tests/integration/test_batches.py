@@ -1,0 +1,124 @@
+"""Batches on a real worker and real Redis: the callbacks run once, after every member
+ended, with the members' outcomes; a replayed member counts when it succeeds; nested
+batches; a batch submitted twice is one batch; a callback a crash left due is swept."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from conventions.batches import callbacks
+from conventions.ops.replay import replay
+from conventions.store import batches as b
+from tasks import app
+from tests.integration import support_batches as jobs
+from tests.integration.helpers import wait_for
+
+pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
+
+
+def _id(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def _ended(batch_id: str) -> b.BatchStatus | None:
+    status = app.store.get_batch(batch_id)
+    return status if status is not None and status.ended else None
+
+
+def _runs(batch_id: str, count: int) -> list[dict[str, object]]:
+    return wait_for(lambda: (r := jobs.runs(batch_id)) and len(r) >= count and r, timeout=60)
+
+
+def test_both_callbacks_run_once_after_every_member_succeeded() -> None:
+    key = _id("all-good")
+    batch = app.batch(key, on_success=jobs.batch_success.s(), on_complete=jobs.batch_complete.s())
+    for n in range(20):
+        batch.add(jobs.batch_item, item_id=f"{key}-{n}")
+    submitted = batch.submit()
+    assert (submitted.created, submitted.published) == (True, 20)
+
+    runs = _runs(key, 2)
+    assert sorted(run["which"] for run in runs) == ["on_complete", "on_success"]
+    for run in runs:  # each ran after the last member ended, and saw the counts
+        assert (run["pending"], run["succeeded"], run["failed"], run["ended"]) == (0, 20, 0, 20)
+    status = wait_for(
+        lambda: (s := _ended(key)) and set(s.callback_states.values()) == {"sent"} and s
+    )
+    assert (status.total, status.succeeded) == (20, 20)
+    # submitted again: the same batch, nothing published, no callback more
+    again = batch.submit()
+    assert (again.created, again.published) == (False, 0)
+    assert len(jobs.runs(key)) == 2
+
+
+def test_dead_lettered_members_end_the_batch_and_a_replay_that_succeeds_fires_on_success() -> None:
+    key = _id("two-bad")
+    batch = app.batch(key, on_success=jobs.batch_success.s(), on_complete=jobs.batch_complete.s())
+    items = [f"{key}-{n}" for n in range(8)] + [f"bad-{key}-a", f"bad-{key}-b"]
+    for item in items:
+        batch.add(jobs.batch_item, item_id=item)
+    batch.submit()
+
+    (complete,) = _runs(key, 1)
+    assert complete["which"] == "on_complete"
+    assert (complete["pending"], complete["succeeded"], complete["failed"]) == (0, 8, 2)
+    dead = list(complete["dead"])  # type: ignore[call-overload]
+    assert len(dead) == 2
+    assert _ended(key).callback_states["on_success"] == "waiting"  # type: ignore[union-attr]
+
+    for item in items[-2:]:  # fix them, and replay both dead letters
+        app.store.put_state(jobs.FIXED + item, {"fixed": True}, ttl=600)
+    replay(app, dead[0], reason="fixed", actor="test")
+    wait_for(lambda: (s := app.store.get_batch(key)) and s.failed == 1)
+    assert len(jobs.runs(key)) == 1  # one failure left: no success yet
+    replay(app, dead[1], reason="fixed", actor="test")
+
+    runs = _runs(key, 2)
+    assert [run["which"] for run in runs] == ["on_complete", "on_success"]
+    assert (runs[1]["pending"], runs[1]["succeeded"], runs[1]["failed"]) == (0, 10, 0)
+    status = wait_for(
+        lambda: (s := _ended(key)) and s.callback_states["on_success"] == "sent" and s
+    )
+    assert status.dead_letter_ids == []
+    assert len(jobs.runs(key)) == 2  # on_complete did not run again
+
+
+def test_a_nested_batch_counts_in_its_parent_once_it_has_ended() -> None:
+    key = _id("parent")
+    parent = app.batch(key, on_complete=jobs.batch_complete.s())
+    for n in range(3):
+        parent.add(jobs.batch_item, item_id=f"{key}-{n}")
+    child = parent.batch(f"{key}-child", on_success=jobs.batch_success.s())
+    for n in range(3):
+        child.add(jobs.batch_item, item_id=f"{key}-child-{n}")
+    parent.submit()
+
+    (child_run,) = _runs(f"{key}-child", 1)
+    (parent_run,) = _runs(key, 1)
+    assert (child_run["which"], child_run["succeeded"]) == ("on_success", 3)
+    assert (parent_run["pending"], parent_run["succeeded"], parent_run["ended"]) == (0, 4, 4)
+    status = app.store.get_batch(key)
+    assert status is not None and status.members[b.nested_member(f"{key}-child")][0] == "s"
+
+
+def test_a_callback_left_due_by_a_crash_is_published_by_the_sweep_once() -> None:
+    key = _id("swept")
+    batch = app.batch(key, on_complete=jobs.batch_complete.s())
+    batch.add(jobs.batch_item, item_id=f"{key}-0")
+    spec = batch.spec()
+    app.store.create_batch(spec)  # made, but its member ends here, as a worker killed
+    fired = app.store.end_member(b.BatchMove((key,), spec.members[0], "s", "t-1"))
+    assert fired == [f"{key}|on_complete"]  # ...right after the counter moved would
+    assert app.store.due_callbacks(0) == [f"{key}|on_complete"]
+
+    assert callbacks.sweep(app, grace=0) == 1
+    assert callbacks.sweep(app, grace=0) == 0  # marked sent
+    (run,) = _runs(key, 1)
+    assert run["which"] == "on_complete"
+    task_id = b.callback_task_id(key, "on_complete")
+    first = wait_for(lambda: app.store.get_run(task_id))
+    callbacks.publish_one(app, key, "on_complete")  # published once more: still one run
+    wait_for(lambda: (r := app.store.get_run(task_id)) and r.updated_at != first.updated_at)
+    assert len(jobs.runs(key)) == 1
