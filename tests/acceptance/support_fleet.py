@@ -149,9 +149,9 @@ def aimed(kind: str | None, whole: bool) -> Any:
     return blow
 
 
-def publish(runtime: Runtime, servers: Servers, kind: str, jobs: int, delayed_every: int) -> (
-    subprocess.Popen[str]
-):
+def publish(
+    runtime: Runtime, servers: Servers, kind: str, jobs: int, delayed_every: int
+) -> subprocess.Popen[str]:
     """Start runtime ``kind``'s publisher of its half of the events."""
     parity = "odd" if kind == "old" else "even"
     return subprocess.Popen(
@@ -247,9 +247,7 @@ def markdown(outcomes: list[FleetOutcome]) -> str:
 STALL = 30.0
 
 
-def settle(
-    engine: Engine, jobs: int, stranded: Callable[[], int | None], deadline: float
-) -> None:
+def settle(engine: Engine, jobs: int, stranded: Callable[[], int | None], deadline: float) -> None:
     """Until every job took effect and the broker holds nothing of the fleet's (``stranded``
     says how much it holds, None while it does not answer), or nothing moved for
     :data:`STALL` seconds, or the deadline."""
@@ -281,7 +279,7 @@ class Plan:
     deadline: float = 200.0
 
 
-def run(  # noqa: PLR0917
+def run(
     plan: Plan,
     runtimes: dict[str, Runtime],
     servers: Servers,
@@ -298,8 +296,7 @@ def run(  # noqa: PLR0917
     try:
         crew.start()
         publishers = [
-            publish(runtimes[kind], servers, kind, plan.jobs, plan.delayed_every)
-            for kind in KINDS
+            publish(runtimes[kind], servers, kind, plan.jobs, plan.delayed_every) for kind in KINDS
         ]
         wait_applied(servers.engine, plan.jobs // 20)
         for blow in plan.blows:

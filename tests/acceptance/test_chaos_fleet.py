@@ -11,7 +11,7 @@ rolled one by one, as a Kubernetes Deployment does: a new worker started and rea
 old one stopped with SIGTERM (a warm shutdown). At the end, counted in the database and
 the broker: **0 lost**, **0 duplicated** effects, **0 stranded** (nothing waiting,
 delayed, unacknowledged or in an inbox), no dead letter, and each runtime ran jobs the
-other published. The same on RabbitMQ (a node of the test's own), with 1,000 jobs.
+other published. The same on RabbitMQ (a node of the test's own), with 2,000 jobs too.
 
 While HEAD changes no format since the release, this guards the next change; the
 refusal path (a newer format meets an old reader) is ``test_fleet_refusal.py``.
@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import Engine
 
 from tests.acceptance import rabbit_node
 from tests.acceptance.rabbit_node import RabbitNode
@@ -39,6 +38,7 @@ from tests.acceptance.support_chaos import (
     shop_database,
 )
 from tests.acceptance.support_fleet import (
+    QUEUE,
     FleetOutcome,
     Plan,
     Servers,
@@ -54,8 +54,7 @@ from tests.fixtures import unavailable
 pytestmark = pytest.mark.chaos
 
 JOBS = 2000
-#: the RabbitMQ run is smaller: a private node and four workers on two loaded cores
-RABBIT_JOBS = 1000
+RABBIT_JOBS = 2000
 REPORT = ROOT / "build" / "chaos-report-fleet.md"
 
 
@@ -176,5 +175,7 @@ def test_a_release_and_head_on_one_rabbitmq_lose_nothing_through_kill_nines_and_
         plan = Plan("RabbitMQ", RABBIT_JOBS, seed, kill_nine_plan(seed), deadline=300.0)  # type: ignore[arg-type]
         outcome, crew = run(plan, runtimes, servers, tmp_path / "workers",
                             lambda: held_on_rabbit(node))  # fmt: skip
-        print(f"queues left: {node.queues() if held_on_rabbit(node) else 'none'}")
+        queues = node.queues()
+        print(f"queues left: {queues if held_on_rabbit(node) else 'none'}")
+    assert QUEUE in queues, queues  # the count above read the fleet's queue
     _check(outcome, crew, outcomes)
