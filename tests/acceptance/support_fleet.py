@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis
 from sqlalchemy import Engine
@@ -28,7 +27,7 @@ from sqlalchemy import Engine
 from conventions.store import open_store
 from conventions.transport import layout
 from conventions.transport.redis import in_inboxes
-from tests.acceptance.chaos_runs import Crew, wait_applied
+from tests.acceptance.chaos_runs import Blow, Crew, wait_applied
 from tests.acceptance.support_chaos import APPLIED, CHAOS_RECOVERY, Worker, measure, scalar
 from tests.acceptance.support_release import Runtime
 from tests.packaging.conftest import clean_env
@@ -135,7 +134,7 @@ class FleetCrew(Crew):
             return {k: sum(self.kind[w.name] == k for w in self.live) for k in KINDS}
 
 
-def aimed(kind: str | None, whole: bool) -> Any:
+def aimed(kind: str | None, whole: bool) -> Blow:
     """A kill -9 blow aimed at a worker of runtime ``kind``."""
 
     def blow(crew: Crew, rng: random.Random) -> str:
@@ -271,7 +270,7 @@ class Plan:
     broker: str
     jobs: int
     seed: int
-    blows: list[Callable[[Crew, random.Random], str]]
+    blows: list[Blow]
     #: every n-th job of each publisher waits in the delayed set (0: none)
     delayed_every: int = 10
     target: dict[str, int] = field(default_factory=lambda: {"old": 2, "new": 2})

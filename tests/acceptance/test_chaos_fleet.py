@@ -28,6 +28,7 @@ import pytest
 import redis
 
 from tests.acceptance import rabbit_node
+from tests.acceptance.chaos_runs import Blow
 from tests.acceptance.rabbit_node import RabbitNode
 from tests.acceptance.releases import PREVIOUS
 from tests.acceptance.support_chaos import (
@@ -39,6 +40,7 @@ from tests.acceptance.support_chaos import (
 )
 from tests.acceptance.support_fleet import (
     QUEUE,
+    FleetCrew,
     FleetOutcome,
     Plan,
     Servers,
@@ -86,7 +88,7 @@ def chaos_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
 
 
-def kill_nine_plan(seed: int) -> list[object]:
+def kill_nine_plan(seed: int) -> list[Blow]:
     """Five kill -9, in the seed's order: a whole worker and a pool process of each
     runtime, and a pool process of either."""
     plan = [
@@ -97,10 +99,10 @@ def kill_nine_plan(seed: int) -> list[object]:
     return plan
 
 
-def _check(outcome: FleetOutcome, crew: object, outcomes: list[FleetOutcome]) -> None:
+def _check(outcome: FleetOutcome, crew: FleetCrew, outcomes: list[FleetOutcome]) -> None:
     outcomes.append(outcome)
     print(f"\n{markdown([outcome])}")
-    why = diagnosis(crew, outcome)  # type: ignore[arg-type]
+    why = diagnosis(crew, outcome)
     assert outcome.kills == 5, outcome.blows
     assert outcome.sigterms == 2, outcome.blows
     assert (outcome.lost, outcome.duplicated, outcome.stranded, outcome.dead_letters) == (
@@ -131,7 +133,7 @@ def test_a_release_and_head_on_one_redis_lose_nothing_through_kill_nines_and_a_r
             except redis.ConnectionError:
                 return None
 
-        plan = Plan("Redis", JOBS, seed, kill_nine_plan(seed))  # type: ignore[arg-type]
+        plan = Plan("Redis", JOBS, seed, kill_nine_plan(seed))
         outcome, crew = run(plan, runtimes, servers, tmp_path / "workers", stranded)
         print(f"left on the broker: {stranded_on_redis(servers.broker_url)}")
     _check(outcome, crew, outcomes)
@@ -172,7 +174,7 @@ def test_a_release_and_head_on_one_rabbitmq_lose_nothing_through_kill_nines_and_
     seed = chaos_seed("fleet-rabbitmq")
     with shop_database(RABBIT_JOBS) as engine:
         servers = Servers(node.url, chaos_redis.url(1), engine)
-        plan = Plan("RabbitMQ", RABBIT_JOBS, seed, kill_nine_plan(seed), deadline=300.0)  # type: ignore[arg-type]
+        plan = Plan("RabbitMQ", RABBIT_JOBS, seed, kill_nine_plan(seed), deadline=300.0)
         outcome, crew = run(plan, runtimes, servers, tmp_path / "workers",
                             lambda: held_on_rabbit(node))  # fmt: skip
         queues = node.queues()

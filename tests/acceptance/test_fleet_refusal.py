@@ -129,6 +129,7 @@ def _wait_applied(engine: Engine, count: int, timeout: float = 90) -> int:
     not _release_checks_formats(),
     reason=f"the release {PREVIOUS} ({RELEASES[PREVIOUS][:7]}) predates the format checks: "
     "its worker runs a newer message instead of refusing it",
+    raises=AssertionError,
     strict=True,
 )
 @pytest.mark.timeout(300)
