@@ -1,6 +1,7 @@
 """The refusal path of a mixed fleet: HEAD publishes with a newer header format than the
 previous release reads, a worker of that release dead-letters every such job with the
-reason and runs none, and once the fleet is new a HEAD worker replays each one, once.
+reason and runs none, and once the fleet is new a HEAD worker replays each one, once;
+on a Redis broker and on a RabbitMQ one (the store on Redis).
 
 The newer format is played in the test's own processes (the HEAD publisher, the HEAD
 worker and the replaying process set ``conventions.config.formats.HEADERS`` one above
@@ -15,6 +16,7 @@ pass).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ import pytest
 from sqlalchemy import Engine
 
 from conventions.store import open_store
+from tests.acceptance import rabbit_node
 from tests.acceptance.releases import PREVIOUS, RELEASES, ROOT
 from tests.acceptance.support_chaos import (
     APPLIED,
@@ -36,6 +39,7 @@ from tests.acceptance.support_chaos import (
 )
 from tests.acceptance.support_fleet import PROJECT, QUEUE, Servers
 from tests.acceptance.support_release import HEAD, Runtime, release_runtime
+from tests.fixtures import unavailable
 
 pytestmark = pytest.mark.chaos
 
@@ -82,10 +86,20 @@ def chaos_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.fixture
-def servers(chaos_redis: RedisServer) -> Iterator[Servers]:
-    with shop_database(JOBS) as engine:
-        yield Servers(chaos_redis.url(0), chaos_redis.url(1), engine)
+@pytest.fixture(params=["redis", "rabbitmq"])
+def servers(
+    request: pytest.FixtureRequest, chaos_redis: RedisServer, tmp_path: Path
+) -> Iterator[Servers]:
+    """The broker (a Redis or a RabbitMQ node of the test's own), the store on Redis."""
+    with contextlib.ExitStack() as stack:
+        broker = chaos_redis.url(0)
+        if request.param == "rabbitmq":
+            if not rabbit_node.installed():
+                unavailable("rabbitmq-server (a node of the test's own)", FileNotFoundError())
+            (tmp_path / "rabbit").mkdir()
+            broker = stack.enter_context(rabbit_node.private_node(tmp_path / "rabbit")).url
+        engine = stack.enter_context(shop_database(JOBS))
+        yield Servers(broker, chaos_redis.url(1), engine)
 
 
 def _head(code: str, servers: Servers, *args: str) -> str:
