@@ -16,10 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: tag -> the commit it names. ``v0.1.0`` is the stand-in (main when the mixed-fleet
-#: tests were written) until the release is tagged: then its sha goes here.
+#: tag -> the commit it names (a new release: its line here, and PREVIOUS moves to it)
 RELEASES: dict[str, str] = {
-    "v0.1.0": "d4826b0f7cde3cd4cf227fe6ca1ccf689d218b60",
+    "v0.1.0": "7404c54287932029774183efc80b1a41c6cbc1e0",
 }
 #: the release a fleet rolls from: the newest one (one minor version back from HEAD)
 PREVIOUS = "v0.1.0"
