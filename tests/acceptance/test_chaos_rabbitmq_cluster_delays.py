@@ -11,13 +11,15 @@ they are in no count ``rabbitmqctl list_queues`` shows (found here: 11 of 200 st
 minutes in ``celery_delayed_1``'s outbox, which the cluster chaos run counted as lost).
 The test's cluster sets the timeout as the docs ask (15 s,
 ``rabbit_cluster.DLX_CONFIRM_TIMEOUT``); ``CHAOS_DLX_CONFIRM_TIMEOUT=0`` keeps RabbitMQ's
-own, on which the run fails (messages stuck past :data:`ARRIVAL`).
+own, on which the run can fail (messages stuck past :data:`ARRIVAL`).
 
 The run: a burst of messages with countdowns of 5 to 25 s; once a quarter of them are
 in the workload queue (the rest hopping down the delay queues), kill -9 of the node
 leading the workload queue, started again; every message must be in the workload queue
-within :data:`ARRIVAL` seconds (no worker: the broker is under test). Whether a forward
-is in flight at the kill is chance: by hand, 2 runs of 4 left messages in an outbox.
+within :data:`ARRIVAL` seconds (no worker: the broker is under test; a message may come
+twice, which at-least-once allows and the layer's ledger runs once). Whether a forward
+is in flight at the kill is chance: on RabbitMQ's default, 1 run of 2 here left 18
+messages in an outbox past :data:`ARRIVAL`, and 2 runs of 4 by hand.
 """
 
 from __future__ import annotations
@@ -96,11 +98,11 @@ def test_delayed_messages_arrive_through_the_kill_nine_of_their_destinations_lea
                 arrived = _ready(connection, rc.QUEUE)
             except Exception:  # the queue has no leader yet: asked again
                 arrived = -1
-            if arrived == MESSAGES:
+            if arrived >= MESSAGES:  # more: a forward made twice (at least once), run once
                 break
             time.sleep(1.0)
         took = time.monotonic() - killed
     outbox = {q: n for q, n in cluster.dead_lettered().items() if n}
     print(f"{arrived} of {MESSAGES} arrived {took:.1f}s after the kill; "
           f"dead-lettered, unconfirmed: {outbox}")  # fmt: skip
-    assert arrived == MESSAGES, (arrived, outbox)
+    assert arrived >= MESSAGES, (arrived, outbox)
