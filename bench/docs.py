@@ -7,7 +7,7 @@ A docs page marks each table of bench figures::
     (the table: written by this command, never by hand)
     <!-- /bench:scale-costs -->
 
-The name is one of :data:`bench.tables.TABLES`, ``file`` is the result file it shows
+The name is one of :data:`TABLES`, ``file`` is the result file it shows
 (relative to the repository), and any other ``key=value`` goes to the table's function
 (``variant=quiet``). This command rewrites every marked block of the pages (every
 ``docs/**/*.md`` unless pages are named) from the files as they are; ``--check`` changes
@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench import results, tables
+from bench import results, tables, tables_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 #: one marked block: its table's name, its attributes, its body, its end marker
@@ -33,6 +33,8 @@ BLOCK = re.compile(
     r"(?P<close><!-- /bench:(?P=name) -->)",
     re.DOTALL,
 )
+#: every table a marker may name: the cost count's and the cluster runs'
+TABLES: dict[str, tables.Table] = {**tables.TABLES, **tables_scale.TABLES}
 
 
 class MarkerError(ValueError):
@@ -45,15 +47,15 @@ def _attrs(text: str) -> dict[str, str]:
 
 def table(name: str, attrs: dict[str, str], root: Path = ROOT) -> str:
     """The body a block ``<!-- bench:NAME attrs -->`` must hold."""
-    if name not in tables.TABLES:
-        raise MarkerError(f"bench:{name}: no such table (one of {', '.join(tables.TABLES)})")
+    if name not in TABLES:
+        raise MarkerError(f"bench:{name}: no such table (one of {', '.join(TABLES)})")
     options = dict(attrs)
     path = options.pop("file", None)
     if path is None:
         raise MarkerError(f"bench:{name}: the marker names no file= (the result it shows)")
     if not (root / path).is_file():
         raise MarkerError(f"bench:{name}: {path} does not exist (run the bench that writes it)")
-    lines = tables.TABLES[name](results.read(root / path), **options)
+    lines = TABLES[name](results.read(root / path), **options)
     return "\n".join(lines) + "\n"
 
 

@@ -96,8 +96,11 @@ def choose(embedded: bool = False) -> Place:
     dbs = redis_dbs(os.environ.get("DEMO_REDIS_DBS"))
     if not embedded and _local_redis(dbs):
         env["REDIS_URL"] = f"redis://127.0.0.1:6379/{dbs[0]}"
-        env["CONVENTIONS_STORE_URL"] = f"redis://127.0.0.1:6379/{dbs[1]}"
+        store = os.environ.get("CONVENTIONS_STORE_URL")  # a store of yours (a cluster's)
+        env["CONVENTIONS_STORE_URL"] = store or f"redis://127.0.0.1:6379/{dbs[1]}"
         where = f"Redis on localhost:6379 (databases {dbs[0]} and {dbs[1]})"
+        if store:
+            where = f"Redis on localhost:6379 (database {dbs[0]}), the store you configured"
         return _lower_persistence_check(Place(where, env, True))
     env["CELERY_BROKER_URL"] = "filesystem://"
     env["CONVENTIONS_STORE_URL"] = sqlite_store

@@ -132,7 +132,7 @@ class Gauge:
 
     def _measure_amqp(self, app: Any, queue: str, now: float) -> Reading:
         """The ready messages of ``queue`` on RabbitMQ (0 when it is not declared)."""
-        url = str(app.conf.broker_url or "").split(";")[0]
+        url = str(app.conf.broker_url or "")  # a failover list: kombu tries each in turn
         timeout = float(app.conf.get("broker_connection_timeout") or 5.0)
         connection = self._connection(url, timeout)
         with self._lock:  # one channel at a time on the shared connection

@@ -155,6 +155,9 @@ def _forget_connections(app: Any, *, store: bool) -> None:
     the layer's settings read from the conf."""
     if store:
         app.__dict__.pop("conventions_settings", None)
+        opened = app.__dict__.get("_cc_store")
+        if opened is not None:
+            opened.close()  # its connections closed now, not left to the garbage collector
         reset = getattr(app, "reset_store", None)
         if callable(reset):
             reset()
@@ -196,17 +199,21 @@ def describe(exc: BaseException, app: Any, extra: dict[str, str] | None = None) 
     """One line: which backend (by matching its address to the app's URLs) and why."""
     cause = getattr(exc, "orig", None) or exc  # SQLAlchemy's: the driver's own words
     reason = " ".join(str(cause).split()) or type(exc).__name__
-    urls = {
-        "the broker": str(app.conf.get("broker_url") or "").split(";")[0],
-        "the result backend": str(app.conf.get("result_backend") or ""),
-        "the store": str(app.conf.get("conventions_store_url") or ""),
-        **(extra or {}),
-    }
+    # every node of a failover list (``amqp://a;amqp://b``) is the broker: the error may name any
+    brokers = settings.failover_urls(app.conf.get("broker_url")) or [""]
+    urls = [
+        *(("the broker", url) for url in brokers),
+        ("the result backend", str(app.conf.get("result_backend") or "")),
+        ("the store", str(app.conf.get("conventions_store_url") or "")),
+        *(extra or {}).items(),
+    ]
     servers: dict[str, list[str]] = {}
-    for name, url in urls.items():
-        if _where(url):
-            servers.setdefault(_where(url), []).append(name)
-    shown = {where: settings.mask_url(_plain(urls[names[0]])) for where, names in servers.items()}
+    shown: dict[str, str] = {}
+    for name, url in urls:
+        where = _where(url)
+        if where and name not in servers.get(where, []):
+            servers.setdefault(where, []).append(name)
+            shown.setdefault(where, settings.mask_url(_plain(url)))
     named = [where for where in servers if _mentions(reason, where)]
     if not named and len(servers) == 1:  # one server for everything: it is the one
         named = list(servers)

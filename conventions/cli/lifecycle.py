@@ -19,7 +19,7 @@ from conventions.cli import backends
 from conventions.cli.base import REFUSED, command, json_option, options_of, print_json
 from conventions.cli.format import shown
 from conventions.observability import progress
-from conventions.ops import doctor, doctor_live
+from conventions.ops import doctor, doctor_formats, doctor_live
 
 
 @command("doctor")
@@ -68,7 +68,8 @@ def static_checks(app: Any, timeout: float) -> list[doctor.Finding]:
         bounded = url if ";" in url else backends.with_timeouts(url, timeout)
         server = doctor._redis_server_checks(bounded, own)
         findings += doctor.apply_levels(server, own)
-    return findings
+    stamps = doctor_formats.format_findings(app, write=False, timeout=timeout)
+    return findings + doctor.apply_levels(stamps, own)
 
 
 def job_status(app: Any, task_id: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ Inside Celery's CLI the app is the one ``celery -A`` loaded (with ``--config``,
     conventions keys show|clear                       (conventions.cli.keys)
     conventions runs list|show                        (conventions.cli.runs)
     conventions web                                   (conventions.cli.web)
+    conventions migrate [--apply]                     (conventions.cli.migrate)
 
 Every connection a command opens waits at most ``--timeout`` seconds. Exit status: 0
 done, 1 refused or not found, 2 a usage error, 3 a backend did not answer (see
@@ -37,6 +38,7 @@ from conventions.cli import backends, base
 from conventions.cli import dlq as cli_dlq
 from conventions.cli import keys as cli_keys
 from conventions.cli import lifecycle as cli_lifecycle
+from conventions.cli import migrate as cli_migrate
 from conventions.cli import observe as cli_observe
 from conventions.cli import outbox as cli_outbox
 from conventions.cli import runs as cli_runs
@@ -118,6 +120,7 @@ for _command in (
     *cli_keys.COMMANDS,
     *cli_runs.COMMANDS,
     *cli_web.COMMANDS,
+    *cli_migrate.COMMANDS,
 ):
     cli.add_command(_command)
 

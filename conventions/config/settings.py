@@ -268,6 +268,13 @@ def _seconds(conf: Any, name: str, default: timedelta) -> float:
     return value if value > 0 else default.total_seconds()
 
 
+def failover_urls(url: Any) -> list[str]:
+    """Each URL of a broker failover list (``amqp://a;amqp://b``, or a list of URLs, as
+    kombu takes them), in order; empty when none is set."""
+    parts = url.split(";") if isinstance(url, str) else list(url or ())
+    return [str(part).strip() for part in parts if str(part).strip()]
+
+
 # -- what is shown of the settings -----------------------------------------------------
 
 

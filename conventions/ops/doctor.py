@@ -33,7 +33,7 @@ from celery.exceptions import QueueNotFound
 from conventions.config import profile, sentinel
 from conventions.config import settings as settingslib
 from conventions.jobs import routing
-from conventions.ops import doctor_cluster, doctor_rabbitmq_cluster, doctor_time
+from conventions.ops import doctor_cluster, doctor_formats, doctor_rabbitmq_cluster, doctor_time
 from conventions.ops.doctor_time import (
     broker_kind,
     consumer_timeout,
@@ -83,6 +83,7 @@ def static_checks(app: Any, *, server: bool = True, conf: Any = None) -> list[Fi
         findings.extend(doctor_cluster.server_findings(conf))
         queues = {q.name for q in app.amqp.queues.values()} if settingslib.is_amqp(conf) else set()
         findings.extend(doctor_rabbitmq_cluster.server_findings(conf, queues))
+        findings.extend(doctor_formats.format_findings(app, write=True))
     return apply_levels(findings, conf)
 
 
@@ -266,8 +267,9 @@ def _redis_server_checks(url: str, conf: Any) -> Iterator[Finding]:
 
 
 def clock_checks(app: Any) -> list[Finding]:
-    """The ``clock-skew`` check alone, against each Redis server the app keeps jobs in
-    (beat runs it at start), with the app's level overrides applied."""
+    """The ``clock-skew`` check against each Redis server the app keeps jobs in, and the
+    format checks (:mod:`conventions.ops.doctor_formats`): what beat runs at start, with
+    the app's level overrides applied."""
     import redis
 
     findings: list[Finding] = []
@@ -281,6 +283,7 @@ def clock_checks(app: Any) -> list[Finding]:
         except redis.RedisError:
             continue  # Redis not there yet: beat's own publishes will say so
         findings.extend(skew_findings(_where(url), found))
+    findings.extend(doctor_formats.format_findings(app, write=True))
     return apply_levels(findings, conf)
 
 

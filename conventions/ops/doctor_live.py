@@ -87,20 +87,25 @@ def _declared(app: Any, queue: str) -> tuple[int, int] | None:
 
 
 def _read_held(app: Any, live: Live, timeout: float) -> None:
-    """Fill ``live.held`` and ``live.overdue`` from the broker's Redis (left empty when it
-    does not answer: the queue checks above already say so)."""
+    """Fill ``live.held`` and ``live.overdue`` from the broker's Redis, the first node of
+    a failover list that answers (left empty when none does: the queue checks above
+    already say so)."""
     import redis
 
     from conventions.ops.transport_view import broker_reader
 
-    url = str(app.conf.broker_url).split(";")[0]
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-    try:
-        states = broker_reader(app, client).read()
-    except redis.RedisError:
+    states = None
+    for url in settingslib.failover_urls(app.conf.broker_url):  # the first node that answers
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            states = broker_reader(app, client).read()
+            break
+        except redis.RedisError:
+            continue
+        finally:
+            client.close()
+    if states is None:
         return
-    finally:
-        client.close()
     for state in states:
         live.held[state.queue] = Held(
             state.delayed or 0, None, state.in_flight or 0, state.in_inboxes or 0,

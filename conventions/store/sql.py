@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from conventions.config import extras
+from conventions.config import extras, formats
 from conventions.config.settings import RUNS_MAX_LOGS
 
 try:
@@ -46,6 +46,7 @@ from conventions.store.records import (
 from conventions.store.sql_batches import batch_tables
 from conventions.store.sql_records import SQLRecords
 from conventions.store.sql_runs import runs_table
+from conventions.store.sql_stamps import SQLStamp, schema_table
 from conventions.store.sql_tables import (
     UTCDateTime,
     _bucket_table,
@@ -56,6 +57,9 @@ from conventions.store.sql_tables import (
 )
 
 __all__ = ["SQLITE_BUSY_TIMEOUT", "SQLStore", "UTCDateTime", "make_engine"]
+
+#: the schema version of a database made before the stamp existed (today's tables)
+RECOGNIZED_SQL = 1
 
 #: seconds a SQLite writer waits for the write lock before giving up
 SQLITE_BUSY_TIMEOUT = 30.0
@@ -126,6 +130,8 @@ class SQLStore(SQLRecords):
         self.counts = _counts_table(self.metadata, table_prefix)
         self.buckets = _bucket_table(self.metadata, table_prefix)
         self.runs = runs_table(self.metadata, table_prefix)
+        self.schema = schema_table(self.metadata, table_prefix)
+        self.table_prefix = table_prefix
         self.batches, self.batch_members = batch_tables(self.metadata, table_prefix)
         self.runs_enabled, self.runs_max_logs = runs_enabled, runs_max_logs
         del runs_max
@@ -145,18 +151,23 @@ class SQLStore(SQLRecords):
         self._engine = value
 
     def _create_schema(self) -> None:
-        """Create the missing tables, once per store; a failure is tried again at the
-        next use."""
+        """Create the missing tables and stamp them (:mod:`conventions.store.sql_stamps`),
+        once per store; a failure is tried again at the next use."""
         with self._schema_lock:
             if self._schema_ready:
                 return
+            # a database with the ledger already (an earlier release's) is stamped at
+            # the version it is recognized at, a new one at this release's
+            fresh = not sa.inspect(self._engine).has_table(self.ledger.name)
             try:
                 self.metadata.create_all(self._engine, checkfirst=True)
             except sa.exc.DBAPIError:
                 # another process created the same tables between our check and our
                 # CREATE (or the server does not answer: this raises again)
                 self.metadata.create_all(self._engine, checkfirst=True)
-            add_missing_columns(self._engine, self.metadata, self.dedup.name[: -len("dedup")])
+            add_missing_columns(self._engine, self.metadata, self.table_prefix)
+            version = formats.STORE_SQL if fresh else RECOGNIZED_SQL
+            SQLStamp(self._engine, self.table_prefix).stamp_missing("store_sql", version)
             self._schema_ready = True
 
     # -- enqueue dedup -------------------------------------------------------------------

@@ -46,6 +46,24 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def later(postgres: bool, seconds: float) -> sa.ColumnElement[datetime]:
+    """The database's clock plus ``seconds``, in the form the time columns keep.
+
+    PostgreSQL: ``now()`` (the transaction's start) plus an interval. SQLite keeps naive
+    UTC text with six fraction digits; its clock gives milliseconds (``%f``), padded to
+    the same width so that text order stays time order.
+    """
+    if postgres:
+        moment: sa.ColumnElement[Any] = sa.func.now()
+        if seconds:
+            moment = moment + sa.literal(timedelta(seconds=seconds), sa.Interval())
+    else:
+        moment = sa.func.strftime(
+            "%Y-%m-%d %H:%M:%f", "now", f"{seconds:+.6f} seconds", type_=sa.String
+        ).concat("000")
+    return sa.type_coerce(moment, UTCDateTime)
+
+
 class SQLTables:
     """What the parts of :class:`~conventions.store.sql.SQLStore` share: the engine, the
     tables (set by its ``__init__``), an upsert and a read connection."""
@@ -85,21 +103,8 @@ class SQLTables:
         return self._later(0.0)
 
     def _later(self, seconds: float) -> sa.ColumnElement[datetime]:
-        """The database's clock plus ``seconds``.
-
-        PostgreSQL: ``now()`` (the transaction's start) plus an interval. SQLite keeps naive
-        UTC text with six fraction digits; its clock gives milliseconds (``%f``), padded to
-        the same width so that text order stays time order.
-        """
-        if self._postgres:
-            moment: sa.ColumnElement[Any] = sa.func.now()
-            if seconds:
-                moment = moment + sa.literal(timedelta(seconds=seconds), sa.Interval())
-        else:
-            moment = sa.func.strftime(
-                "%Y-%m-%d %H:%M:%f", "now", f"{seconds:+.6f} seconds", type_=sa.String
-            ).concat("000")
-        return sa.type_coerce(moment, UTCDateTime)
+        """The database's clock plus ``seconds`` (:func:`later`)."""
+        return later(self._postgres, seconds)
 
     def _epoch(self) -> sa.ColumnElement[float]:
         """The database's clock in POSIX seconds (the token buckets' unit); on PostgreSQL

@@ -69,6 +69,7 @@ from conventions.store import keys
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.transport import envelope
+from conventions.worker import event_batch
 
 logger = logging.getLogger("conventions.worker.consumer")
 
@@ -225,7 +226,43 @@ def give_back_key(task: Any, task_id: str, headers: dict[str, Any]) -> None:
 
 
 class Consumer(CeleryConsumer):  # type: ignore[misc]
-    """Celery's consumer, with a dead letter for every message it cannot run."""
+    """Celery's consumer, with a dead letter for every message it cannot run, and its
+    task events sent in batches (:mod:`conventions.worker.event_batch`)."""
+
+    _batcher: event_batch.Batcher | None = None
+
+    def _event_batcher(self) -> event_batch.Batcher | None:
+        """The batcher of this consumer's task events; None with a window of 0."""
+        if self._batcher is None:
+            seconds = event_batch.flush_seconds(self.app.conf)
+            if not seconds:
+                return None
+            self._batcher = event_batch.Batcher(seconds)
+        return self._batcher
+
+    def on_send_event_buffered(self) -> None:
+        """A task event was buffered: flushed at the end of the window, not at once."""
+        batcher = self._event_batcher()
+        if batcher is None or not self.hub:
+            super().on_send_event_buffered()
+            return
+        batcher.buffered(self.hub, self._flush_events)
+
+    def _flush_buffered_events(self) -> None:
+        if self._batcher is not None:
+            self._batcher.flush_now(self._flush_events)
+
+    def on_close(self) -> None:
+        self._flush_buffered_events()
+        super().on_close()
+
+    def stop(self) -> None:
+        self._flush_buffered_events()
+        super().stop()
+
+    def shutdown(self) -> None:
+        self._flush_buffered_events()
+        super().shutdown()
 
     def on_decode_error(self, message: Any, exc: BaseException) -> None:
         record(self, message, Category.UNPARSEABLE, f"cannot decode the body: {exc!r}", exc)

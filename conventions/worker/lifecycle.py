@@ -4,7 +4,9 @@ Start (``worker_init``, in the main process before the pool forks): the shared s
 flag is made, so that prefork children inherit it, and the doctor's static checks run:
 an error refuses to start the worker (exit status 78, the message says the fix), a
 warning is logged. Beat (``beat_init``) runs the doctor's clock check the same way: its
-business dates come from its own clock (:mod:`conventions.transport.skew`).
+business dates come from its own clock (:mod:`conventions.transport.skew`). Both read
+the stored formats' stamps once (:mod:`conventions.ops.doctor_formats`): data newer than
+this release refuses the start.
 
 Stop: on SIGTERM Celery begins a warm shutdown (no new jobs) and sends
 ``worker_shutting_down``; the stop flag is set, so running jobs see

@@ -11,6 +11,10 @@ the node with the fewest leaders, not the node the declaring client is connected
 ``cluster_partition_handling = pause_minority`` (a node cut off from the two others
 pauses itself until it sees them again); ``-kernel net_ticktime`` is short
 (:data:`NET_TICKTIME`) so that a paused node is declared down in seconds, not a minute.
+Its ``advanced.config`` shortens ``dead_letter_worker_publisher_confirm_timeout``
+(:data:`DLX_CONFIRM_TIMEOUT`), as docs/howto/rabbitmq.md asks of a cluster: a delayed
+message whose dead-letter hop lost its confirm to a killed node is forwarded again after
+that long, not after RabbitMQ's 3 minutes.
 
 The machine's node (5672) is never touched. Clients get :attr:`RabbitCluster.url`, a
 failover list of the three nodes' URLs (``amqp://a;amqp://b;amqp://c``, which kombu
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -38,6 +43,19 @@ PORTS = (5700, 5701, 5702, 5703, 5704)
 #: seconds without a tick before a node declares a peer down (Erlang's default is 60)
 NET_TICKTIME = 8
 CONF = "queue_leader_locator = balanced\ncluster_partition_handling = pause_minority\n"
+#: how long a quorum queue's at-least-once dead-letter worker waits for the target queues'
+#: confirms before it forwards a message again (ms; RabbitMQ's default is 180,000)
+DLX_CONFIRM_TIMEOUT = 15_000
+#: the ``advanced.config`` of a node of the cluster (no ``rabbitmq.conf`` key for it on 3.10)
+ADVANCED = "[{{rabbit, [{{dead_letter_worker_publisher_confirm_timeout, {timeout}}}]}}].\n"
+#: the outbox of every quorum queue: dead-lettered messages not yet confirmed by their
+#: targets (``rabbitmqctl list_queues`` counts none of them), read from a node's member
+DEAD_LETTERED = (
+    "[{element(4, amqqueue:get_name(Q)), case ra:local_query({element(1, amqqueue:get_pid(Q)),"
+    " node()}, fun rabbit_fifo:overview/1, 5000) of {ok, {_, M}, _} -> maps:get(num_discarded,"
+    " M, 0) + maps:get(num_discard_checked_out, M, 0); _ -> -1 end} || Q <- rabbit_amqqueue:list(),"
+    " amqqueue:get_type(Q) =:= rabbit_quorum_queue]."
+)
 #: the management API's port above the node's AMQP port (when enabled)
 MANAGEMENT_OFFSET = 10
 #: the cluster's shared Erlang cookie
@@ -58,9 +76,16 @@ class ClusterNode(RabbitNode):
     """A node of the cluster: a short net tick time, killable by signal, and with the
     management plugin on :data:`MANAGEMENT_OFFSET` above its AMQP port when asked."""
 
-    def __init__(self, folder: Path, port: int, home: Path, management: bool = False) -> None:
+    def __init__(
+        self, folder: Path, port: int, home: Path, management: bool = False,
+        dlx_confirm_timeout: int | None = DLX_CONFIRM_TIMEOUT,
+    ) -> None:  # fmt: skip
         extra = f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {port + MANAGEMENT_OFFSET}\n"
-        super().__init__(folder, port=port, home=home, conf=CONF + (extra if management else ""))
+        advanced = ADVANCED.format(timeout=dlx_confirm_timeout) if dlx_confirm_timeout else ""
+        super().__init__(
+            folder, port=port, home=home, conf=CONF + (extra if management else ""),
+            advanced=advanced,
+        )  # fmt: skip
         if management:
             (folder / "enabled_plugins").write_text("[rabbitmq_management].\n")
 
@@ -126,8 +151,9 @@ class RabbitCluster:
     """Three :class:`ClusterNode` in ``folder``, clustered."""
 
     def __init__(
-        self, folder: Path, ports: tuple[int, ...] = PORTS[:3], management: bool = False
-    ) -> None:
+        self, folder: Path, ports: tuple[int, ...] = PORTS[:3], management: bool = False,
+        dlx_confirm_timeout: int | None = DLX_CONFIRM_TIMEOUT,
+    ) -> None:  # fmt: skip
         self.folder = folder
         cookie = folder / ".erlang.cookie"
         cookie.write_text(COOKIE)
@@ -136,7 +162,7 @@ class RabbitCluster:
         for port in ports:
             own = folder / f"node{port}"
             own.mkdir(exist_ok=True)
-            self.nodes.append(ClusterNode(own, port, folder, management))
+            self.nodes.append(ClusterNode(own, port, folder, management, dlx_confirm_timeout))
 
     @property
     def url(self) -> str:
@@ -189,6 +215,13 @@ class RabbitCluster:
             )  # fmt: skip
         return found
 
+    def dead_lettered(self) -> dict[str, int]:
+        """Per quorum queue, the messages it dead-lettered whose targets have not all
+        confirmed them yet (at-least-once: they stay in the source queue, uncounted by
+        ``list_queues``); -1 where the node has no answer for a queue."""
+        out = " ".join(self.any_up().ctl("eval", DEAD_LETTERED).split())
+        return {name: int(n) for name, n in re.findall(r'\{<<"([^"]+)">>,(-?\d+)\}', out)}
+
     def cpu_seconds(self) -> float:
         """The three VMs' CPU time so far, summed."""
         return sum(node.cpu_seconds() for node in self.nodes)
@@ -214,9 +247,12 @@ def _each(nodes: list[ClusterNode], action: object) -> None:
 
 
 @contextlib.contextmanager
-def private_cluster(folder: Path, management: bool = False) -> Iterator[RabbitCluster]:
-    """A started :class:`RabbitCluster`, stopped after (its files stay in ``folder``)."""
-    cluster = RabbitCluster(folder, management=management)
+def private_cluster(
+    folder: Path, management: bool = False, dlx_confirm_timeout: int | None = DLX_CONFIRM_TIMEOUT
+) -> Iterator[RabbitCluster]:
+    """A started :class:`RabbitCluster`, stopped after (its files stay in ``folder``);
+    ``dlx_confirm_timeout=None`` keeps RabbitMQ's own (180 s)."""
+    cluster = RabbitCluster(folder, management=management, dlx_confirm_timeout=dlx_confirm_timeout)
     try:
         cluster.start()
         yield cluster

@@ -80,6 +80,7 @@ class RabbitNode:
         port: int | None = None,
         home: Path | None = None,
         conf: str = "",
+        advanced: str = "",
     ) -> None:
         server, ctl = _binary("rabbitmq-server"), _binary("rabbitmqctl")
         if server is None or ctl is None:
@@ -96,6 +97,8 @@ class RabbitNode:
             f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
             "log.file.level = warning\n" + conf
         )  # fmt: skip
+        #: Erlang terms for settings ``rabbitmq.conf`` has no key for (``advanced.config``)
+        (folder / "advanced.config").write_text(advanced or "[].\n")
 
     @property
     def url(self) -> str:
@@ -116,6 +119,7 @@ class RabbitNode:
             "RABBITMQ_LOG_BASE": str(self.folder / "log"),
             "RABBITMQ_PID_FILE": str(self.pid_file),
             "RABBITMQ_CONFIG_FILE": str(self.folder / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.folder / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "enabled_plugins"),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
         })  # fmt: skip

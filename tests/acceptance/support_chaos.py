@@ -190,9 +190,11 @@ class Worker:
         folder: Path,
         include: str = "",
         launcher: list[str] | None = None,
+        cwd: Path = ROOT,
     ) -> None:
         """``launcher``: what runs ``celery`` (default ``python -m celery``; a skewed
-        clock's: :func:`tests.acceptance.support_faketime.launcher`)."""
+        clock's: :func:`tests.acceptance.support_faketime.launcher`; another release's:
+        :mod:`tests.acceptance.support_release`). ``cwd``: the project's folder."""
         self.name = name
         extra = ["-I", include] if include else []
         self.log = folder / f"{name}.log"
@@ -204,7 +206,7 @@ class Worker:
                     "-c", "2", "-P", "prefork", "-n", f"{name}@%h", "--without-gossip",
                     "--without-mingle", "--loglevel=INFO", *extra,
                 ],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
 

@@ -130,13 +130,14 @@ def _publish(count: int) -> None:
 
 def _publish_through(count: int, delayed: int, pace: float) -> None:
     """Publish ``count`` events one by one, ``pace`` seconds apart (so that publishes go on
-    while nodes die and leaders are elected), the first ``delayed`` with a countdown of 5
-    to 25 s (they wait in ``celery_delayed_*`` while nodes die), as a caller told of a
+    while nodes die and leaders are elected), the first ``delayed`` with a countdown of 10
+    to 60 s (they wait in ``celery_delayed_*`` while nodes die), as a caller told of a
     refusal does: a ``.delay()`` that raised is said (``refused``) and made again until
-    RabbitMQ confirms it. A publish that returned is a confirmed one."""
+    RabbitMQ confirms it. A publish that returned is a confirmed one. The countdowns
+    outlast the start of the workers and the first blow: delays wait through it."""
     refused = 0
     for number, event_id in enumerate(event_ids(count)):
-        options: dict[str, Any] = {"countdown": 5 + number % 21} if number < delayed else {}
+        options: dict[str, Any] = {"countdown": 10 + number % 51} if number < delayed else {}
         while True:
             try:
                 pay.apply_async(kwargs={"event_id": event_id}, **options)

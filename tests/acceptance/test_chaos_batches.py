@@ -144,25 +144,10 @@ def test_a_batch_of_two_thousand_through_kill_nines_and_a_redis_crash_calls_back
     folder.mkdir()
     crew = BatchCrew("ours", env, folder)
     recorder = redis.Redis.from_url(chaos_redis.url(2), decode_responses=True)
-    blows: list[str] = []
     try:
         crew.start(2)
         submitter = _helper(env, "submit", key, str(MEMBERS), str(BAD))
-        plan = [partial(Crew.kill_nine, whole=True)] * 2 + [
-            partial(Crew.kill_nine, whole=False)
-        ] * 3
-        rng.shuffle(plan)
-        time.sleep(rng.uniform(1.0, 3.0))
-        for blow in plan[:3]:
-            blows.append(blow(crew, rng))
-            time.sleep(rng.uniform(0.3, 2.0))
-        print(_finished(submitter).strip())
-        down = rng.uniform(1.0, 3.0)
-        chaos_redis.restart(signal.SIGKILL, down=down)
-        blows.append(f"Redis kill -9, restarted from its AOF after {down:.1f}s down")
-        for blow in plan[3:]:
-            blows.append(blow(crew, rng))
-            time.sleep(rng.uniform(0.3, 2.0))
+        blows = _strike(crew, rng, chaos_redis, submitter)
         print("blows: " + "; ".join(blows))
 
         started = time.monotonic()
@@ -207,6 +192,29 @@ def _kill_nines(crew: Crew, rng: random.Random, wholes: int, children: int) -> l
     rng.shuffle(plan)
     blows = []
     for blow in plan:
+        blows.append(blow(crew, rng))
+        time.sleep(rng.uniform(0.3, 2.0))
+    return blows
+
+
+def _strike(
+    crew: Crew, rng: random.Random, chaos_redis: RedisServer, submitter: subprocess.Popen[bytes]
+) -> list[str]:
+    """The same blows for the batch and for raw Celery's chord: five kill -9 (two whole
+    workers, three pool children) in a shuffled order, the submitter's end awaited after
+    the third, then a Redis kill -9 restarted from its AOF, then the last two."""
+    plan = [partial(Crew.kill_nine, whole=True)] * 2 + [partial(Crew.kill_nine, whole=False)] * 3
+    rng.shuffle(plan)
+    blows: list[str] = []
+    time.sleep(rng.uniform(1.0, 3.0))
+    for blow in plan[:3]:
+        blows.append(blow(crew, rng))
+        time.sleep(rng.uniform(0.3, 2.0))
+    print(_finished(submitter).strip())
+    down = rng.uniform(1.0, 3.0)
+    chaos_redis.restart(signal.SIGKILL, down=down)
+    blows.append(f"Redis kill -9, restarted from its AOF after {down:.1f}s down")
+    for blow in plan[3:]:
         blows.append(blow(crew, rng))
         time.sleep(rng.uniform(0.3, 2.0))
     return blows
@@ -277,25 +285,10 @@ def test_raw_celerys_chord_under_the_same_blows_outcome_printed(
     crew = BatchCrew("acks_late", raw_env, folder)
     crew.raw = True
     recorder = redis.Redis.from_url(chaos_redis.url(2), decode_responses=True)
-    blows: list[str] = []
     try:
         crew.start(2)
         submitter = _helper(raw_env, key, str(MEMBERS), module="tests.acceptance.support_raw_chord")
-        plan = [partial(Crew.kill_nine, whole=True)] * 2 + [
-            partial(Crew.kill_nine, whole=False)
-        ] * 3
-        rng.shuffle(plan)
-        time.sleep(rng.uniform(1.0, 3.0))
-        for blow in plan[:3]:
-            blows.append(blow(crew, rng))
-            time.sleep(rng.uniform(0.3, 2.0))
-        print(_finished(submitter).strip())
-        down = rng.uniform(1.0, 3.0)
-        chaos_redis.restart(signal.SIGKILL, down=down)
-        blows.append(f"Redis kill -9, restarted from its AOF after {down:.1f}s down")
-        for blow in plan[3:]:
-            blows.append(blow(crew, rng))
-            time.sleep(rng.uniform(0.3, 2.0))
+        blows = _strike(crew, rng, chaos_redis, submitter)
         print("blows: " + "; ".join(blows))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not recorder.llen(RAW_RUNS + key):

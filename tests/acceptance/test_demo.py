@@ -22,9 +22,10 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from conventions.store import open_store
+from conventions.store import keys, open_store
 from tasks import shop
 from tests.fixtures import unavailable
+from tests.integration import support_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / ".demo"
@@ -176,6 +177,28 @@ def test_the_demo_on_redis_shows_queue_ages_and_metrics_and_its_numbers_are_true
     assert "oldest waited" in said
     assert summary["metrics"]["totals"]["jobs_retried_total"] == FLAKY
     assert "celery -A tasks flower" in said and "/metrics" in said
+    assert_numbers_are_true(summary)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_the_demo_with_its_store_on_a_redis_cluster_runs_unchanged(redis_cluster: Any) -> None:
+    """docs/howto/redis-cluster.md's command: the reference app and the demo, unchanged,
+    with the store on three masters (a store URL of the user's beside the local Redis)."""
+    try:
+        redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1).ping()
+    except redis.RedisError as exc:
+        unavailable("Redis on localhost:6379", exc)
+    store_url = support_cluster.url(redis_cluster.ports)
+    store = open_store(store_url)  # the demo's store starts empty, as its databases do
+    try:
+        for key in store.client.scan_iter(match=keys.pattern(store.prefix), count=1000):  # type: ignore[attr-defined]
+            store.client.delete(key)  # type: ignore[attr-defined]
+    finally:
+        store.close()
+    said, summary = run_demo(CONVENTIONS_STORE_URL=store_url)
+    assert "the store you configured" in said
+    assert summary["store_url"] == store_url
     assert_numbers_are_true(summary)
 
 

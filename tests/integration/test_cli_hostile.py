@@ -58,7 +58,7 @@ SHOWS_NONE = {
     "dlq replay", "dlq purge", "dlq poison", "retention", "metrics serve", "queues pause",
     "queues resume", "runs rerun",
     "doctor", "outbox relay", "outbox init", "schedule trigger", "schedule check",
-    "schedule pause", "schedule resume", "web",
+    "schedule pause", "schedule resume", "web", "migrate",
 }  # fmt: skip
 
 

@@ -235,3 +235,17 @@ def test_a_countdown_and_an_eta_published_through_the_transport_are_read_as_dela
     assert email.next_due_in is not None and 7180 <= email.next_due_in <= 7200
     last = broker.zrange(layout.DELAYED.format(queue="email"), -1, -1, withscores=True)
     assert abs(float(last[0][1]) - week.timestamp()) < 1
+
+
+def test_the_doctor_reads_the_first_node_of_a_failover_list_that_answers(
+    broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conventions.ops import doctor_live
+    from tests.acceptance.support_chaos import free_port
+
+    _delay(broker, "heavy", time.time() + 7 * DAY)
+    url = str(app.conf.broker_url)
+    monkeypatch.setattr(app.conf, "broker_url", f"redis://127.0.0.1:{free_port()}/0;{url}")
+    live = doctor_live.Live(consumers={"w@h": ["email"]}, backlog={"email": 0, "heavy": 0})
+    doctor_live._read_held(app, live, timeout=2.0)
+    assert live.held["heavy"].delayed == 1  # the first node is down: read on the second

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -171,6 +172,23 @@ def test_backpressure_max_depth_refuses_at_the_bound(
     with pytest.raises(QueueOverCapacity, match=r"queue 'q25_bounded' is over capacity"):
         rabbit.bounded.delay(item_id="b_over")
     assert queues.declared(amqp, rabbit.BOUNDED) == (3, 0)  # nothing published past it
+
+
+def test_backpressure_reads_the_next_node_of_a_failover_list_when_the_first_is_down(
+    bound: Callable[..., None],
+) -> None:
+    bound(max_depth=100)
+    for n in range(2):
+        rabbit.bounded.delay(item_id=f"f{n}")
+    down = "amqp://guest:guest@127.0.0.1:1//"  # nothing listens on port 1
+    conf = {"broker_url": f"{down};{rabbit.AMQP_URL}", "broker_connection_timeout": 2.0}
+    app = SimpleNamespace(conf=SimpleNamespace(broker_url=conf["broker_url"], get=conf.get))
+    gauge = backpressure.Gauge()  # a gauge of its own: nothing cached, no connection yet
+    try:
+        assert gauge.read(app, rabbit.BOUNDED).depth == 2  # read on the second node
+    finally:
+        for connection in gauge._amqp.values():
+            connection.release()
 
 
 def test_backpressure_max_age_is_refused_on_rabbitmq(

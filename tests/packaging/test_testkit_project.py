@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import conventions
 from tests.packaging.conftest import (
     ROOT,
     Built,
@@ -42,7 +43,8 @@ def test_pytest_loads_the_kits_plugin_from_the_installed_entry_point(shop_venv: 
         cwd=shop_venv.project,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"^plugins: .*\bcelery-conventions-0\.1\.0\b", done.stdout, re.M)
+    version = re.escape(conventions.__version__)
+    assert re.search(rf"^plugins: .*\bcelery-conventions-{version}(?:\s|,|$)", done.stdout, re.M)
     for fixture in ("cc_kit", "cc_clock", "cc_worker", "cc_store_url"):
         assert re.search(rf"^{fixture}\b.*conventions/testing/plugin\.py", done.stdout, re.M)
 

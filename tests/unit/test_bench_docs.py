@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {
     "docs/discussions/performance.md": {"bench", "scale-costs", "scale-ratios"},
     "docs/discussions/at-scale.md": {"scale-costs", "scale-trips", "scale-capacity",
-                                     "scale-keep"},
+                                     "scale-keep", "scale-cluster-shards",
+                                     "scale-cluster-capacity", "scale-rabbit-replication",
+                                     "fleet-idle", "fleet-sweep"},
     "docs/reference/settings.md": {"scale-sizing"},
 }  # fmt: skip
 
