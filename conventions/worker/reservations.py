@@ -29,9 +29,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from conventions.batches import callbacks as batch_callbacks
 from conventions.jobs.protocol import JobTask
 from conventions.observability import audit
 from conventions.store import keys as naming
+from conventions.store.batches import FAILED, BatchMove
 from conventions.tracing import headers as hdr
 
 logger = logging.getLogger("conventions.worker.reservations")
@@ -59,8 +61,9 @@ def on_revoked(
 
 
 def release(task: JobTask, task_id: str, request: Any, *, expired: bool, terminated: bool) -> None:
-    """Drop ``task_id``'s reservation of its key (if it still holds it) and record the
-    ``revoked`` / ``expired`` audit event."""
+    """Drop ``task_id``'s reservation of its key (if it still holds it), end it as failed
+    in its batches (``cc_batch``: it will not run, so ``on_complete`` must not wait for
+    it), and record the ``revoked`` / ``expired`` audit event."""
     headers = _headers_of(request)
     keys = key_of(task, getattr(request, "kwargs", None), headers)
     if keys is None:
@@ -68,14 +71,21 @@ def release(task: JobTask, task_id: str, request: Any, *, expired: bool, termina
         return
     key, headers[hdr.IDEMPOTENCY_KEY] = keys
     store = task.store
-    if task.dedup == "until_done":  # a batch member's is in its batch's slot on a cluster
-        with naming.batch_home(key, naming.batch_root(headers.get(hdr.BATCH))):
+    chain = tuple(part for part in str(headers.get(hdr.BATCH) or "").split(",") if part)
+    fired: list[str] = []
+    # a batch member's keys are in its batch's slot on a cluster
+    with naming.batch_home(key, naming.batch_root(headers.get(hdr.BATCH))):
+        if task.dedup == "until_done":
             store.unreserve(key, task_id)
+        if chain:  # it will not run: it ended, failed (no dead letter: nothing to replay)
+            fired = store.end_member(BatchMove(chain, key, FAILED, task_id))
     audit.record(
         store, "expired" if expired else "revoked", task.name, task_id, headers,
         attempt=int(getattr(request, "retries", 0) or 0),
         detail={"expired": bool(expired), "terminated": bool(terminated)},
     )  # fmt: skip
+    if fired:  # the member was its batch's last: on_complete is due now
+        batch_callbacks.publish_due(task.app, fired)
 
 
 def key_of(task: JobTask, kwargs: Any, headers: Mapping[str, Any]) -> tuple[str, str] | None:

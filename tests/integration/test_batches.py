@@ -5,12 +5,14 @@ batches; a batch submitted twice is one batch; a callback a crash left due is sw
 from __future__ import annotations
 
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from conventions.batches import callbacks
 from conventions.ops.replay import replay
 from conventions.store import batches as b
+from conventions.worker import reservations
 from tasks import app
 from tests.integration import support_batches as jobs
 from tests.integration.helpers import wait_for
@@ -122,3 +124,30 @@ def test_a_callback_left_due_by_a_crash_is_published_by_the_sweep_once() -> None
     callbacks.publish_one(app, key, "on_complete")  # published once more: still one run
     wait_for(lambda: (r := app.store.get_run(task_id)) and r.updated_at != first.updated_at)
     assert len(jobs.runs(key)) == 1
+
+
+@pytest.mark.parametrize("expired", [False, True], ids=["revoked", "expired"])
+def test_a_revoked_or_expired_member_ends_failed_and_on_complete_runs_once(expired: bool) -> None:
+    """The worker's ``task_revoked`` handler (``reservations.release``, what the signal
+    calls in the main process) on a member that will never run: it ends failed, so the
+    batch ends and ``on_complete`` runs; ``on_success`` never can."""
+    key = _id("revoked")
+    batch = app.batch(key, on_success=jobs.batch_success.s(), on_complete=jobs.batch_complete.s())
+    batch.add(jobs.batch_item, item_id=f"{key}-0")
+    batch.add(jobs.batch_item, item_id=f"{key}-1")
+    spec = batch.spec()
+    app.store.create_batch(spec)
+    done, revoked = spec.members
+    fired = app.store.end_member(b.BatchMove((key,), done, b.SUCCEEDED, "t-0"))
+    assert fired == []  # one member still pending
+    request = SimpleNamespace(kwargs={"item_id": f"{key}-1"}, cc_batch=key, retries=0)
+
+    reservations.release(jobs.batch_item, "t-1", request, expired=expired, terminated=False)
+
+    (run,) = _runs(key, 1)
+    assert (run["which"], run["pending"], run["succeeded"], run["failed"]) == (
+        "on_complete", 0, 1, 1,
+    )  # fmt: skip
+    status = wait_for(lambda: (s := _ended(key)) and s)
+    assert status.members[revoked][0] == "f"
+    assert status.callback_states["on_success"] == "waiting"
