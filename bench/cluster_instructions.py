@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -158,6 +159,7 @@ def measure(jobs: int, variant: str) -> dict[str, Any]:
 
     folder = Path(tempfile.mkdtemp(prefix="cc-bench-callgrind-"))
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, folder, ignore_errors=True)
         broker = stack.enter_context(own_redis())
         port = broker.connection_pool.connection_kwargs["port"]
         os.environ["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
