@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import redis
@@ -35,7 +35,7 @@ def ranges(masters: int) -> list[tuple[int, int]]:
     return [(i * SLOTS // masters, (i + 1) * SLOTS // masters - 1) for i in range(masters)]
 
 
-def _ping(node: redis.Redis, timeout: float = 15) -> None:
+def _ping(node: redis.Redis, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -61,6 +61,17 @@ def _ok(node: redis.Redis, masters: int) -> bool:
 @contextlib.contextmanager
 def running(masters: int, first_port: int = FIRST_PORT) -> Iterator[list[int]]:
     """The ports of a started cluster of ``masters`` masters, stopped afterwards."""
+    with started(masters, first_port) as procs:
+        yield [port for port, _ in procs]
+
+
+@contextlib.contextmanager
+def started(
+    masters: int, first_port: int = FIRST_PORT, wrap: Sequence[str] = ()
+) -> Iterator[list[tuple[int, int]]]:
+    """Each master's (port, process id) of a started cluster, stopped afterwards (SIGTERM:
+    a clean shutdown). ``wrap`` runs each ``redis-server`` under a command (``valgrind
+    ...``, with ``{port}`` replaced by the master's port)."""
     folder = Path(tempfile.mkdtemp(prefix="cc-bench-cluster-"))
     ports = [first_port + i for i in range(masters)]
     procs = []
@@ -69,7 +80,8 @@ def running(masters: int, first_port: int = FIRST_PORT) -> Iterator[list[int]]:
             data = folder / str(port)
             data.mkdir()
             procs.append(subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                [*(w.replace("{port}", str(port)) for w in wrap),
+                 "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
                  "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--save", "", "--appendonly", "no"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -80,18 +92,21 @@ def running(masters: int, first_port: int = FIRST_PORT) -> Iterator[list[int]]:
             node.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
         for node in nodes[1:]:
             node.execute_command("CLUSTER", "MEET", "127.0.0.1", ports[0])
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while not all(_ok(node, masters) for node in nodes):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the {masters}-master cluster did not reach cluster_state:ok")
             time.sleep(0.1)
         for node in nodes:
             node.close()
-        yield ports
+        yield [(port, proc.pid) for port, proc in zip(ports, procs, strict=True)]
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
                 proc.wait(10)
         shutil.rmtree(folder, ignore_errors=True)

@@ -115,17 +115,20 @@ def _worker(env: dict[str, str], variant: str, app: str) -> procs.Worker:
     return procs.Worker(name, argv, ready, env=env)
 
 
-def _drained(store: str, jobs: int, timeout: float = 600) -> None:
-    """Until the store's succeeded counters (every partition's, summed) reach ``jobs``."""
+def _drained(store: str, jobs: int, timeout: float = 600) -> int:
+    """Until the store's succeeded counters (every partition's, summed) reach ``jobs``;
+    how many times they were read (a read is the bench's cost, not the jobs')."""
     from conventions.store import counts
     from conventions.store.redis import RedisStore
 
     reader = RedisStore(store)
     deadline = time.monotonic() + timeout
+    polls = 0
     while time.monotonic() < deadline:
         found = counts.events(reader.counters())
+        polls += 1
         if sum(n for (event, _), n in found.items() if event == "succeeded") >= jobs:
-            return
+            return polls
         time.sleep(1.0)
     raise TimeoutError(f"{jobs} jobs not drained in {timeout:.0f}s")
 
@@ -154,7 +157,7 @@ def child(store: str, ports: list[int], jobs: int, variant: str) -> dict[str, An
     try:
         meter = ShardMeter(broker, nodes)
         worker.wait_ready()
-        _drained(store, jobs + 1)
+        polls = _drained(store, jobs + 1)
         ran = meter.done("run", jobs)
     finally:
         worker.stop()
@@ -165,6 +168,7 @@ def child(store: str, ports: list[int], jobs: int, variant: str) -> dict[str, An
         "idle_cpu_us_per_s": idle,
         "keys": [int(node.dbsize()) for node in nodes],
         "jobs": jobs,
+        "polls": polls,
     }
 
 
@@ -261,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--variant", default="conv", help="a bench.apps variant")
     parser.add_argument("--out", type=Path, help="write the result file here (with its run)")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count each master's instructions under valgrind (callgrind) "
+        "instead of its CPU time; kept under 'instructions' in --out",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one store URL, in a child
     parser.add_argument("--ports", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -269,16 +279,32 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, ports, args.jobs, args.variant)))
         return 0
     start = results.load()
-    found = measure(args.jobs, max(1, args.rounds), args.variant)
     command = " ".join(
         ["python -m bench.scale_cluster", *(argv if argv is not None else sys.argv[1:])]
     )
+    if args.instructions:
+        return _instructions(args, command, start)
+    found = measure(args.jobs, max(1, args.rounds), args.variant)
     data = {**results.meta(command, start), "jobs": args.jobs, "rounds": args.rounds, **found}
     if args.out:
         results.write(args.out, data)
     from bench import tables_scale
 
     print("\n".join(tables_scale.cluster_text(data)))
+    return 0
+
+
+def _instructions(args: argparse.Namespace, command: str, start: dict[str, Any]) -> int:
+    """The instruction count (:mod:`bench.cluster_instructions`), kept beside the CPU run's
+    figures in the same file."""
+    from bench import cluster_instructions, tables_scale
+
+    found = cluster_instructions.measure(args.jobs, args.variant)
+    block = {**results.meta(command, start), **found}
+    if args.out:
+        kept = results.read(args.out) if args.out.exists() else {}
+        results.write(args.out, {**kept, "instructions": block})
+    print("\n".join(tables_scale.cluster_instructions({"instructions": block})))
     return 0
 
 

@@ -73,6 +73,43 @@ def cluster_capacity(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cluster_instructions(data: dict[str, Any]) -> list[str]:
+    """Per cluster and master, counted by callgrind: its instructions per job of the whole
+    run (idle and the bench's reads taken out), its idle rate, and three masters against one
+    computed from the busiest shards."""
+    block = data["instructions"]
+    base = max(block["configs"]["cluster1"]["per_job"])
+    lines = [
+        caption(block).removesuffix("._") + "; instruction counts do not depend on the load._",
+        "",
+        "| store | master | partitions (of 64) | instructions per job (net) "
+        "| commands per job | instructions per command | idle (per s) "
+        "| per read of the counters | jobs/s against 1 master (busiest shard, computed) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    sums = []
+    for name, conf in block["configs"].items():
+        busiest = max(conf["per_job"])
+        for i, port in enumerate(conf["ports"]):
+            against = ""
+            if conf["per_job"][i] == busiest:
+                ratio = base / busiest
+                goal = ""
+                if name == "cluster3":
+                    met = "met" if ratio >= GOAL_THREE else "**missed**"
+                    goal = f" (goal >= {GOAL_THREE}: {met})"
+                against = f"{ratio:.2f}x{goal}"
+            commands = conf["commands_per_job"][i]
+            lines.append(
+                f"| {STORES.get(name, name)} | {i + 1} (:{port}) | {conf['partitions'][i]} "
+                f"| {conf['per_job'][i]:,} | {commands:.1f} "
+                f"| {conf['per_job'][i] / commands:,.0f} | {conf['idle_per_s'][i]:,} "
+                f"| {conf['per_poll'][i]:,} | {against} |"
+            )
+        sums.append(f"{STORES.get(name, name)} {sum(conf['per_job']):,}")
+    return [*lines, "", f"_Instructions per job, all masters summed: {'; '.join(sums)}._"]
+
+
 def cluster_text(data: dict[str, Any]) -> list[str]:
     """What ``python -m bench.scale_cluster`` prints."""
     return [*cluster_shards(data), "", *cluster_capacity(data)[2:]]
@@ -159,6 +196,7 @@ def fleet_sweep(data: dict[str, Any]) -> list[str]:
 TABLES = {
     "scale-cluster-shards": cluster_shards,
     "scale-cluster-capacity": cluster_capacity,
+    "scale-cluster-instructions": cluster_instructions,
     "scale-rabbit-replication": rabbit_replication,
     "fleet-idle": fleet_idle,
     "fleet-sweep": fleet_sweep,

@@ -17,7 +17,8 @@ EXPECTED = {
     "docs/discussions/performance.md": {"bench", "scale-costs", "scale-ratios"},
     "docs/discussions/at-scale.md": {"scale-costs", "scale-trips", "scale-capacity",
                                      "scale-keep", "scale-cluster-shards",
-                                     "scale-cluster-capacity", "scale-rabbit-replication",
+                                     "scale-cluster-capacity", "scale-cluster-instructions",
+                                     "scale-rabbit-replication",
                                      "fleet-idle", "fleet-sweep"},
     "docs/reference/settings.md": {"scale-sizing"},
 }  # fmt: skip
