@@ -90,7 +90,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from conventions.config.sentinel import REPLICA_WAIT_MS, Replicated, replicas_wanted
 from conventions.errors import ConfigurationError
 from conventions.tracing import headers as hdr
-from conventions.transport import delayed, envelope, liveness, priorities, sentinel
+from conventions.transport import delayed, envelope, liveness, priorities, scripts, sentinel
 from conventions.transport.checks import check_kombu, check_timing
 from conventions.transport.envelope import UNPARSEABLE
 from conventions.transport.fetch import (
@@ -127,7 +127,13 @@ _PUSH_RING_SHA = hashlib.sha1(PUSH_RING.encode(), usedforsecurity=False).hexdige
 #: seconds a consumer reading several lists first blocks on one of them (doubled while
 #: the consumer stays idle, up to ``fetch_wait_max``)
 DEFAULT_FETCH_WAIT = 0.1
-DEFAULT_FETCH_WAIT_MAX = 1.0
+DEFAULT_FETCH_WAIT_MAX = 5.0
+#: seconds an idle fetch blocks in Redis when ``polling_interval`` is not given (kombu's
+#: is 1 s): a push wakes a blocked fetch at once, so the block only sets how many
+#: commands an idle consumer sends; at most ``recovery_timeout / IDLE_BLOCK_SHARE``, so
+#: the sign of life sent with a fetch always outlasts it
+IDLE_BLOCK = 5.0
+IDLE_BLOCK_SHARE = 6
 #: seconds without a sign of life after which a consumer's messages are given back
 DEFAULT_RECOVERY_TIMEOUT = 30.0
 #: seconds between two runs of the mover of a consuming channel (sooner when one is due)
@@ -275,6 +281,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         if self.inbox_timeout and "recovery_timeout" not in options:
             self.recovery_timeout = float(self.inbox_timeout)
         self.recovery_timeout = float(self.recovery_timeout)
+        if "polling_interval" not in options and "brpop_timeout" not in options:
+            self.brpop_timeout = min(IDLE_BLOCK, self.recovery_timeout / IDLE_BLOCK_SHARE)
         check_timing(self.recovery_timeout, self.brpop_timeout, self.fetch_wait,
                      renew=bool(self.renew_unacked))  # fmt: skip
         if self.renew_unacked:  # the keeper renews: the timeout is the recovery bound
@@ -447,8 +455,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         elif not self._swept_empty:
             inboxes = [self._inboxes[s] for s in sources]
             bells = list(dict.fromkeys(bell_of(s) for s in sources))
-            command = ["EVAL", SWEEP, 2 * len(sources) + len(bells), *sources, *inboxes,
-                       *bells, len(sources)]  # fmt: skip
+            command = ["EVALSHA", scripts.sha_of(SWEEP), 2 * len(sources) + len(bells),
+                       *sources, *inboxes, *bells, len(sources)]  # fmt: skip
             self._send("EVAL", sources, command, fresh)
         else:  # all empty: wait on their bells, then sweep again (woken or not)
             wait = min(self._wait, block)
@@ -498,6 +506,12 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 self.client.connection.disconnect()
                 self._live_at = -math.inf  # a new connection: say it again
                 raise
+            except NoScriptError:
+                # the server lost the sweep (a restart, a failover, SCRIPT FLUSH): it ran
+                # nothing, and its reply was the only one due; load it, sweep again
+                self._swept_empty = False
+                self.client.script_load(SWEEP)
+                raise Empty() from None
             except ResponseError as exc:
                 # an error reply to the fetch or to what was sent with it: the replies
                 # still due on this connection are out of step, so it is dropped, and the
