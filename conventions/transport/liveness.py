@@ -21,13 +21,20 @@ which do not run kombu's event loop) that:
   (:data:`GIVE_BACK`, atomic and exclusive, ringing their queues' bells: an idle
   consumer of several queues takes them at once, not at its next timed sweep) and it is
   forgotten once they stayed empty for ``recovery_timeout``; then kombu's restore of
-  the unacked set (which rings the bells too: ``Channel._do_restore_message``). A keeper sweeps
+  the unacked set when it has work (it rings the bells too:
+  ``Channel._do_restore_message``). A keeper sweeps
   only once it has itself been beating without a failure for one beat period: after an
   outage of Redis every live keeper renews before anyone takes it for dead;
 * every ``mover_interval`` seconds (sooner when a member falls due) moves the due
-  messages of its queues' delayed sets (:mod:`conventions.transport.delayed`): the
-  fleet moves them, no single mover can die, and a worker whose slots are all busy
-  still moves.
+  messages of its queues' delayed sets (:mod:`conventions.transport.delayed`) whose
+  turn (``_cc.mover.<queue>``) it holds or finds free, taking it inside the mover's
+  script for :attr:`Keeper.turn` seconds; a consumer that holds none looks again every
+  ``recovery_timeout / 6``. So the fleet moves each queue about once a second, not once
+  per consumer; a worker whose slots are all busy still moves; a keeper that stops
+  gives its turns up, and one that dies delays its queues' due jobs once, by the rest
+  of its turn plus one look (about 8 s with the defaults);
+* after each sweep, kombu's restore of the unacked set, only when the sweep's script
+  saw a held message older than the visibility timeout (:data:`DEAD_OR_STALE`).
 
 No score, lease or due time here is read from a worker's clock: every comparison is made
 inside a script on the Redis server's (``TIME``), so a worker whose clock is minutes off

@@ -35,7 +35,8 @@ A consumer reading one list blocks on it with ``BLMOVE``: no added latency. One 
 several lists (``-Q email,heavy``, or kombu's priority lists) first moves from the first
 non-empty one in a single script, and when all are empty blocks on its queues' **bells**
 (one ``BLPOP`` over all of them) for ``fetch_wait`` seconds (default 0.1), doubled while
-it stays idle up to ``fetch_wait_max`` (default 1), before sweeping all again. Every
+it stays idle up to ``fetch_wait_max`` (default 5, never above the block), before
+sweeping all again. Every
 publish through this transport (and the one-trip publish's script) rings the queue's
 bell in the same command as its push, so the consumer wakes at once and sweeps: the
 token is only a hint, the message still moves by the sweep into the inbox, and a
@@ -43,7 +44,10 @@ consumer killed between the wake-up and the sweep loses no message. A message th
 bell announced (kombu's own ``LPUSH`` from a foreign producer, a delayed message moved
 when due, a dead consumer's given back) is seen by the next sweep, within
 ``fetch_wait_max``. A busy queue is swept after every message, and an idle worker's
-fetch sends two commands a second whatever its number of queues.
+fetch sends two commands every 5 s whatever its number of queues (one, ``BLMOVE``, on
+one queue). Without ``polling_interval`` an idle fetch blocks :data:`IDLE_BLOCK` seconds
+(at most ``recovery_timeout / 6``) where kombu's blocks 1: a push wakes a blocked fetch
+at once, so the block only sets how often an idle consumer asks.
 ``celeryconfig.py`` sets ``priority_steps`` to ``[0]``, one list per queue, so a
 one-queue lane blocks for free.
 
