@@ -45,9 +45,11 @@ bell announced (kombu's own ``LPUSH`` from a foreign producer, a delayed message
 when due, a dead consumer's given back) is seen by the next sweep, within
 ``fetch_wait_max``. A busy queue is swept after every message, and an idle worker's
 fetch sends two commands every 5 s whatever its number of queues (one, ``BLMOVE``, on
-one queue). Without ``polling_interval`` an idle fetch blocks :data:`IDLE_BLOCK` seconds
-(at most ``recovery_timeout / 6``) where kombu's blocks 1: a push wakes a blocked fetch
-at once, so the block only sets how often an idle consumer asks.
+one queue). Without ``polling_interval`` a consuming channel's idle fetch blocks
+:data:`IDLE_BLOCK` seconds (at most ``recovery_timeout / 6``) where kombu's blocks 1: a
+push wakes a blocked fetch at once, so the block only sets how often an idle consumer
+asks (a no-ack one, such as ``inspect``'s reply consumer, keeps kombu's 1 s: it comes
+and goes, and a fetch left in flight would take the next call's reply).
 ``celeryconfig.py`` sets ``priority_steps`` to ``[0]``, one list per queue, so a
 one-queue lane blocks for free.
 
@@ -285,9 +287,15 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         if self.inbox_timeout and "recovery_timeout" not in options:
             self.recovery_timeout = float(self.inbox_timeout)
         self.recovery_timeout = float(self.recovery_timeout)
+        #: the block of a consuming channel's fetch (one with a keeper: a worker's); a
+        #: no-ack one (``inspect``'s replies) keeps kombu's: its short-lived consumers
+        #: must not leave a long fetch in flight that takes the next call's reply
+        self.idle_block = float(self.brpop_timeout)
         if "polling_interval" not in options and "brpop_timeout" not in options:
-            self.brpop_timeout = min(IDLE_BLOCK, self.recovery_timeout / IDLE_BLOCK_SHARE)
-        check_timing(self.recovery_timeout, self.brpop_timeout, self.fetch_wait,
+            self.idle_block = max(
+                self.idle_block, min(IDLE_BLOCK, self.recovery_timeout / IDLE_BLOCK_SHARE)
+            )
+        check_timing(self.recovery_timeout, self.idle_block, self.fetch_wait,
                      renew=bool(self.renew_unacked))  # fmt: skip
         if self.renew_unacked:  # the keeper renews: the timeout is the recovery bound
             self.visibility_timeout = self.recovery_timeout
@@ -439,7 +447,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         # never longer than the block that check_timing weighed recovery_timeout against
-        block = min(timeout or self.brpop_timeout, self.brpop_timeout)
+        longest = self.idle_block if self.keeper is not None else self.brpop_timeout
+        block = min(timeout or longest, longest)
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return

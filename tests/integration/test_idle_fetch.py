@@ -50,7 +50,7 @@ def test_an_idle_worker_on_two_queues_takes_a_job_on_its_second_queue_on_the_bel
         with Monitor() as monitor:
             # idle past the back-off's longest wait (fetch_wait_max, capped by the block)
             wait_for(lambda: waiting_at_longest(monitor, broker.bell_of("heavy"),
-                                                repr(float(channel.brpop_timeout))))  # fmt: skip
+                                                repr(channel.idle_block)))  # fmt: skip
             result = probe.delay(call_id=f"bell-{uuid.uuid4().hex[:8]}-{attempt}")
             assert result.get(timeout=30)
         if channel.taken_on_ring > taken:
