@@ -7,7 +7,9 @@ one ``BLPOP`` over their bells, one sweep) on a ``redis-server`` of the test's o
 command the server sees is the worker's: after a warm-up (the fetch's back-off at its
 longest, the first beats and sweeps done), ``MONITOR`` counts what clients send over
 about 10 s (a script counts once; what it runs inside does not). The count is a rate of
-timers, not a speed: a loaded machine sends fewer, never more.
+timers, not a speed: a loaded machine sends fewer, never more. Over its :data:`CEILING` it
+fails (a regression); between the issue's bound and it, it is an expected failure (the
+bound is not met by a lone worker yet: see the module's constants).
 """
 
 from __future__ import annotations
@@ -76,14 +78,15 @@ def own_redis() -> Iterator[SpareRedis]:
     spare.stop()
 
 
-#: measured on this branch (issue #32, 2026-12-02): 2.5 to 2.7 on one queue, 2.7 to 3.1 on
-#: two; what is left over 2 is the lone worker's mover turn (1/s: it holds every turn),
-#: Celery's heartbeat event (0.5/s) and the pause watch (0.2/s per queue)
-OVER = "issue #32: a lone idle worker still sends 2.5 to 3.1 commands/s (mover turn 1/s)"
+#: what it may send at most today, by its queues (issue #32, 2026-12-02, counted steady:
+#: 2.4 to 2.7 on one queue, 2.9 to 3.1 on two; before, about 3.4 and 4.6): above it, a
+#: regression. Between the issue's bound and it the test is an expected failure: a lone
+#: worker holds every mover turn (1/s), and Celery's heartbeat event (0.5/s) and the
+#: pause watch (0.2/s per queue) come on top
+CEILING = {"email": 3.0, "email,heavy": 3.8}
 
 
-@pytest.mark.xfail(strict=True, reason=OVER)
-@pytest.mark.parametrize("queues", ["email", "email,heavy"])
+@pytest.mark.parametrize("queues", sorted(CEILING))
 def test_an_idle_worker_sends_at_most_two_commands_a_second_whatever_its_queues(
     queues: str, own_redis: SpareRedis, worker_process: Callable[..., WorkerProcess]
 ) -> None:
@@ -98,4 +101,7 @@ def test_an_idle_worker_sends_at_most_two_commands_a_second_whatever_its_queues(
     rate = sum(count.commands.values()) / took
     table = ", ".join(f"{name} {n / took:.2f}/s" for name, n in count.commands.most_common())
     print(f"idle worker on {queues}: {rate:.2f} commands/s ({table})")
-    assert rate <= BOUND, f"{rate:.2f} commands/s idle (bound {BOUND}): {table}"
+    ceiling = CEILING[queues]
+    assert rate <= ceiling, f"{rate:.2f} commands/s idle (at most {ceiling} today): {table}"
+    if rate > BOUND:
+        pytest.xfail(f"issue #32 not met yet: {rate:.2f} commands/s idle, over {BOUND}")
