@@ -40,8 +40,11 @@ RENEWALS = 3
 MIN_RECOVERY = 5.0
 #: kombu's block per fetch (``polling_interval``) and the layer's longest wait on one
 #: list of several (``fetch_wait_max``) when the transport options give none (seconds)
-DEFAULT_BLOCK = 1.0
-DEFAULT_FETCH_WAIT_MAX = 1.0
+DEFAULT_BLOCK = 5.0
+DEFAULT_FETCH_WAIT_MAX = 5.0
+#: without ``polling_interval`` the block is at most ``recovery_timeout`` / this
+#: (:data:`conventions.transport.redis.IDLE_BLOCK_SHARE`)
+BLOCK_SHARE = 6
 
 
 def broker_kind(conf: Any) -> str:
@@ -76,10 +79,13 @@ def longest_block(conf: Any) -> float:
     block on one list), or its wait on one of several lists (``fetch_wait``, doubled
     while idle up to ``fetch_wait_max``)."""
     options = _options(conf)
+    block = options.get("polling_interval") or min(
+        DEFAULT_BLOCK, recovery_timeout(conf) / BLOCK_SHARE
+    )
     waits = (
-        options.get("polling_interval") or DEFAULT_BLOCK,
+        block,
         options.get("fetch_wait") or 0.0,
-        options.get("fetch_wait_max") or DEFAULT_FETCH_WAIT_MAX,
+        min(float(options.get("fetch_wait_max") or DEFAULT_FETCH_WAIT_MAX), float(block)),
     )
     return max(float(wait) for wait in waits)
 

@@ -32,17 +32,22 @@ from typing import Any
 from kombu.utils.json import dumps
 
 from conventions.tracing import headers as hdr
-from conventions.transport.layout import BELL, BELL_CAP, BELL_TTL, DELAYED, PRIORITY_SEP
+from conventions.transport import scripts
+from conventions.transport.layout import BELL, BELL_CAP, BELL_TTL, DELAYED, MOVER, PRIORITY_SEP
 
 #: members a mover moves per call at most: a bounded script, whatever the backlog
 MOVE_LIMIT = 100
 #: the separator of a member's list key and message (a JSON text has no raw newline)
 SEP = "\n"
 
-#: KEYS: delayed sets; ARGV: seconds added to the Redis clock (tests: 0), limit ->
-#: {moved, next due or "", now}: due on the Redis clock (``TIME``), never the caller's.
-#: Due members go to the tail of their list (LPUSH: the fetch takes from the right)
-#: oldest first, each ringing its queue's bell (an idle consumer of several queues wakes).
+#: KEYS: delayed sets, then as many turns (:data:`~conventions.transport.layout.MOVER`,
+#: one per queue, or none); ARGV: seconds added to the Redis clock (tests: 0), limit,
+#: the mover's id, how long a turn lasts (ms) -> {moved, next due or "", now, turns
+#: held}: due on the Redis clock (``TIME``), never the caller's. A set whose turn another
+#: live mover holds is left to it; a free turn, or the caller's own, is taken (or
+#: renewed) and its set moved. Due members go to the tail of their list (LPUSH: the
+#: fetch takes from the right) oldest first, each ringing its queue's bell (an idle
+#: consumer of several queues wakes).
 _BELL_PREFIX = BELL.split("{", 1)[0]
 _LUA_PRIORITY_SEP = "".join(f"\\{ord(c)}" for c in PRIORITY_SEP)
 MOVE = (
@@ -63,8 +68,21 @@ local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + to
 local left = tonumber(ARGV[2])
 local moved = 0
 local nextdue = nil
-for i = 1, #KEYS do
-  if left > 0 then
+local sets = #KEYS
+local held = 0
+if #ARGV >= 4 then sets = #KEYS / 2 end
+for i = 1, sets do
+  local mine = true
+  if sets < #KEYS then
+    local turn = KEYS[sets + i]
+    local holder = redis.call('GET', turn)
+    mine = (not holder) or holder == ARGV[3]
+    if mine then
+      redis.call('SET', turn, ARGV[3], 'PX', tonumber(ARGV[4]))
+      held = held + 1
+    end
+  end
+  if mine and left > 0 then
     local due = redis.call('ZRANGE', KEYS[i], '-inf', now, 'BYSCORE', 'LIMIT', 0, left)
     for _, member in ipairs(due) do
       local cut = string.find(member, '\\n', 1, true)
@@ -77,13 +95,13 @@ for i = 1, #KEYS do
       left = left - 1
     end
   end
-  local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+  local first = mine and redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES') or {}
   if first[2] then
     local score = tonumber(first[2])
     if nextdue == nil or score < nextdue then nextdue = score end
   end
 end
-return {moved, nextdue and string.format('%.6f', nextdue) or '', now}
+return {moved, nextdue and string.format('%.6f', nextdue) or '', now, held}
 """
 )
 
@@ -97,6 +115,8 @@ class Moved:
     next_due: float | None
     #: the Redis clock (plus the offset) the script compared due times with
     now: float = 0.0
+    #: the queues whose mover's turn the caller holds (all of them without turns)
+    turns: int = 0
 
     @property
     def next_in(self) -> float | None:
@@ -142,13 +162,50 @@ def key_of(queue: str) -> str:
 
 
 def move(
-    client: Any, script: Any, queues: list[str], offset: float = 0.0, limit: int = MOVE_LIMIT
+    client: Any,
+    script: Any,
+    queues: list[str],
+    offset: float = 0.0,
+    limit: int = MOVE_LIMIT,
+    *,
+    mover: str | None = None,
+    turn: float = 0.0,
 ) -> Moved:
     """Run the mover (``script``: :data:`MOVE` registered on ``client``) over the delayed
-    sets of ``queues``, on the Redis clock plus ``offset`` seconds (tests only)."""
+    sets of ``queues``, on the Redis clock plus ``offset`` seconds (tests only). With a
+    ``mover`` id, only the sets whose turn is free or its own, taking each for ``turn``
+    seconds; without, all of them."""
     if not queues:
         return Moved(0, None)
-    moved, next_due, now = script(keys=[key_of(q) for q in queues],
-                                  args=[repr(float(offset)), limit], client=client)  # fmt: skip
+    keys = [key_of(q) for q in queues]
+    args: list[Any] = [repr(float(offset)), limit]
+    if mover is not None:
+        keys += [MOVER.format(queue=q) for q in queues]
+        args += [mover, max(1, round(turn * 1000))]
+    reply = script(keys=keys, args=args, client=client)
+    moved, next_due, now = reply[:3]
     text = next_due.decode() if isinstance(next_due, bytes) else str(next_due or "")
-    return Moved(int(moved), float(text) if text else None, float(now))
+    turns = int(reply[3]) if mover is not None and len(reply) > 3 else len(queues)
+    return Moved(int(moved), float(text) if text else None, float(now), turns)
+
+
+#: KEYS: turns; ARGV: mover id -> turns given up (those it held)
+GIVE_UP = """
+local n = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+def give_up(client: Any, queues: list[str], mover: str) -> int:
+    """Free the turns ``mover`` holds on ``queues`` (its worker stops): another consumer
+    of them takes them at its next call, not once they lapse."""
+    if not queues:
+        return 0
+    keys = [MOVER.format(queue=q) for q in queues]
+    return int(scripts.call(client, GIVE_UP, len(keys), *keys, mover))

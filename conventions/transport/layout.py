@@ -21,6 +21,10 @@ commands each, never on a job's path.
   ``recovery_timeout`` old.
 * ``_cc.inboxes``: hash of every inbox (field) and the list it was filled from (value);
   ``_cc.inbox.<consumer>:<list>`` is one inbox.
+* ``_cc.mover.<queue>``: string, the id of the consumer whose turn it is to move the
+  queue's delayed set (:mod:`conventions.transport.delayed`), expiring (``PX``) a few
+  mover intervals after its last move: one consumer of a queue moves it each second,
+  the others only look whether the turn is free, about every ``recovery_timeout / 6``.
 * ``_cc.bell.<queue>``: list of tokens (``"1"``), one pushed with each message the
   layer publishes, moves when due, gives back from a dead consumer's inbox or restores
   into the queue's lists (at most :data:`BELL_CAP`, gone
@@ -45,6 +49,7 @@ DEAD_SINCE = "_cc.consumers.dead"
 INBOXES = "_cc.inboxes"
 INBOX = "_cc.inbox.{consumer}:{source}"
 BELL = "_cc.bell.{queue}"
+MOVER = "_cc.mover.{queue}"
 #: tokens a bell holds at most: how many idle consumers one burst wakes at once
 BELL_CAP = 100
 #: seconds a bell lives after its last ring: a token nobody popped by then announced a

@@ -21,13 +21,20 @@ which do not run kombu's event loop) that:
   (:data:`GIVE_BACK`, atomic and exclusive, ringing their queues' bells: an idle
   consumer of several queues takes them at once, not at its next timed sweep) and it is
   forgotten once they stayed empty for ``recovery_timeout``; then kombu's restore of
-  the unacked set (which rings the bells too: ``Channel._do_restore_message``). A keeper sweeps
+  the unacked set when it has work (it rings the bells too:
+  ``Channel._do_restore_message``). A keeper sweeps
   only once it has itself been beating without a failure for one beat period: after an
   outage of Redis every live keeper renews before anyone takes it for dead;
 * every ``mover_interval`` seconds (sooner when a member falls due) moves the due
-  messages of its queues' delayed sets (:mod:`conventions.transport.delayed`): the
-  fleet moves them, no single mover can die, and a worker whose slots are all busy
-  still moves.
+  messages of its queues' delayed sets (:mod:`conventions.transport.delayed`) whose
+  turn (``_cc.mover.<queue>``) it holds or finds free, taking it inside the mover's
+  script for :attr:`Keeper.turn` seconds; a consumer that holds none looks again every
+  ``recovery_timeout / 6``. So the fleet moves each queue about once a second, not once
+  per consumer; a worker whose slots are all busy still moves; a keeper that stops
+  gives its turns up, and one that dies delays its queues' due jobs once, by the rest
+  of its turn plus one look (about 8 s with the defaults);
+* after each sweep, kombu's restore of the unacked set, only when the sweep's script
+  saw a held message older than the visibility timeout (:data:`DEAD_OR_STALE`).
 
 No score, lease or due time here is read from a worker's clock: every comparison is made
 inside a script on the Redis server's (``TIME``), so a worker whose clock is minutes off
@@ -52,7 +59,7 @@ from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
-from conventions.transport import delayed, skew
+from conventions.transport import delayed, scripts, skew
 from conventions.transport.layout import (
     BELL_CAP,
     BELL_TTL,
@@ -68,6 +75,10 @@ logger = logging.getLogger("conventions.transport.liveness")
 
 #: dead consumers one sweep gives back at most
 DEAD_PER_SWEEP = 20
+#: a mover's turn lasts this many of its intervals past each move, and at least
+#: ``TURN_MIN`` seconds (:meth:`Keeper.turn`)
+TURN_MOVES = 3
+TURN_MIN = 1.0
 #: the delivery tags this process holds unacknowledged, by the unacked index they are in
 #: (server, database and key: a process may consume from more than one broker), each with
 #: the number of its claim; on any channel of that index: a channel closed by a
@@ -129,6 +140,18 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 return redis.call('ZRANGE', KEYS[1], '-inf', string.format('%.6f', now), 'BYSCORE',
                   'LIMIT', 0, tonumber(ARGV[1]))
 """
+#: DEAD, and whether the restore has anything to do. KEYS: consumers, unacked index;
+#: ARGV: limit, visibility timeout s -> {1 if a held message's score is older than the
+#: visibility timeout (Redis clock), else 0; ids of consumers whose score lapsed}
+DEAD_OR_STALE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local dead = redis.call('ZRANGE', KEYS[1], '-inf', string.format('%.6f', now), 'BYSCORE',
+                        'LIMIT', 0, tonumber(ARGV[1]))
+local ceil = string.format('%.6f', now - tonumber(ARGV[2]))
+local stale = redis.call('ZRANGE', KEYS[2], '-inf', ceil, 'BYSCORE', 'LIMIT', 0, 1)
+return {#stale, dead}
+"""
 #: KEYS: consumers, consumer hash, inbox registry, dead-since, inboxes..., bells... (the
 #: bell of each inbox's queue, in the same order); ARGV: consumer, grace s, sources...
 #: (one per inbox) -> entries given back, -1 if it is alive again. Each message given
@@ -179,11 +202,15 @@ def inbox_prefix(consumer: str) -> str:
     return INBOX.format(consumer=consumer, source="")
 
 
-def give_back_dead(client: Any, own: str, grace: float, limit: int = DEAD_PER_SWEEP) -> int:
+def give_back_dead(
+    client: Any, own: str, grace: float, limit: int = DEAD_PER_SWEEP, dead: list[Any] | None = None
+) -> int:
     """Give back what dead consumers' inboxes hold (one command when nobody died);
-    ``own``: this consumer, never taken for dead by itself."""
-    dead = [bytes_to_str(c) for c in client.eval(DEAD, 1, CONSUMERS, limit)]
-    dead = [c for c in dead if c != own]
+    ``own``: this consumer, never taken for dead by itself; ``dead``: the lapsed
+    consumers when the caller found them already."""
+    if dead is None:
+        dead = list(scripts.call(client, DEAD, 1, CONSUMERS, limit))
+    dead = [c for c in (bytes_to_str(c) for c in dead) if c != own]
     if not dead:
         return 0
     registry = {bytes_to_str(k): bytes_to_str(v) for k, v in client.hgetall(INBOXES).items()}
@@ -194,7 +221,7 @@ def give_back_dead(client: Any, own: str, grace: float, limit: int = DEAD_PER_SW
         keys = [CONSUMERS, CONSUMER.format(consumer=consumer), INBOXES, DEAD_SINCE,
                 *(i for i, _ in inboxes), *(bell_of(s) for _, s in inboxes)]  # fmt: skip
         args = [consumer, repr(float(grace)), *(s for _, s in inboxes)]
-        moved = int(client.eval(GIVE_BACK, len(keys), *keys, *args))
+        moved = int(scripts.call(client, GIVE_BACK, len(keys), *keys, *args))
         if moved > 0:
             logger.warning("gave %d message(s) of dead consumer %s back", moved, consumer)
             total += moved
@@ -248,6 +275,11 @@ class Keeper(threading.Thread):
         self.stopping.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(wait)
+        try:  # another consumer of these queues moves them at its next look
+            delayed.give_up(self.client(), self.queues(), self.consumer)
+        except Exception:  # Redis is gone: the turns lapse by themselves
+            logger.debug("keeper of %s: could not give up its turns", self.consumer,
+                         exc_info=True)  # fmt: skip
 
     def run(self) -> None:
         next_beat = next_sweep = 0.0
@@ -265,7 +297,9 @@ class Keeper(threading.Thread):
                     self.sweep()
                     next_sweep = now + self.period
                 moved = self.move()
-                if moved.next_in is not None:
+                if not moved.turns:  # another consumer moves these queues: look later
+                    pause = max(pause, self.period / 2)
+                elif moved.next_in is not None:
                     pause = min(pause, max(0.01, moved.next_in))
                 if moved.moved >= delayed.MOVE_LIMIT:
                     pause = 0.0  # a backlog: the next batch at once
@@ -291,7 +325,7 @@ class Keeper(threading.Thread):
                 self.host, self.pid, repr(self.since), "" if last is None else f"{last:.3f}",
                 len(pairs) // 2, *pairs, *held]  # fmt: skip
         sent = time()
-        stamp, replied = self.client().eval(BEAT, len(keys), *keys, *args)
+        stamp, replied = scripts.call(self.client(), BEAT, len(keys), *keys, *args)
         self.clock.observe(sent, time(), float(stamp))
         gone = [bytes_to_str(t) for t in replied]
         for tag in gone:  # not re-claimed since the snapshot: forget it
@@ -303,12 +337,31 @@ class Keeper(threading.Thread):
     def sweep(self) -> int:
         """Give back dead consumers' inboxes, then kombu's restore of the unacked set."""
         client = self.client()
-        moved = give_back_dead(client, self.consumer, self.recovery_timeout)
-        self.restore()
+        if not self.renew:  # the visibility timeout is not this keeper's: kombu's restore
+            moved = give_back_dead(client, self.consumer, self.recovery_timeout)
+            self.restore()
+            return moved
+        # the restore (its mutex, the clock, the index: about four commands) only when a
+        # held message outlived the visibility timeout, which the channel set to
+        # recovery_timeout: asked in the same script as who died
+        keys = [CONSUMERS, self.unacked_index]
+        stale, dead = scripts.call(client, DEAD_OR_STALE, len(keys), *keys, DEAD_PER_SWEEP,
+                                   repr(float(self.recovery_timeout)))  # fmt: skip
+        moved = give_back_dead(client, self.consumer, self.recovery_timeout, dead=list(dead))
+        if int(stale):
+            self.restore()
         return moved
 
     def move(self) -> delayed.Moved:
         client = self.client()
         if self._mover is None or self._mover.registered_client is not client:
             self._mover = client.register_script(delayed.MOVE)
-        return delayed.move(client, self._mover, self.queues(), self.clock_offset)
+        return delayed.move(client, self._mover, self.queues(), self.clock_offset,
+                            mover=self.consumer, turn=self.turn)  # fmt: skip
+
+    @property
+    def turn(self) -> float:
+        """How long this consumer's turn at moving its queues lasts past each move: a
+        few of its intervals, so a busy or paused keeper keeps it, and a dead one's
+        lapses within about a second or two."""
+        return max(TURN_MOVES * self.mover_interval, TURN_MIN)

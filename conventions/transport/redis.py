@@ -35,7 +35,8 @@ A consumer reading one list blocks on it with ``BLMOVE``: no added latency. One 
 several lists (``-Q email,heavy``, or kombu's priority lists) first moves from the first
 non-empty one in a single script, and when all are empty blocks on its queues' **bells**
 (one ``BLPOP`` over all of them) for ``fetch_wait`` seconds (default 0.1), doubled while
-it stays idle up to ``fetch_wait_max`` (default 1), before sweeping all again. Every
+it stays idle up to ``fetch_wait_max`` (default 5, never above the block), before
+sweeping all again. Every
 publish through this transport (and the one-trip publish's script) rings the queue's
 bell in the same command as its push, so the consumer wakes at once and sweeps: the
 token is only a hint, the message still moves by the sweep into the inbox, and a
@@ -43,7 +44,12 @@ consumer killed between the wake-up and the sweep loses no message. A message th
 bell announced (kombu's own ``LPUSH`` from a foreign producer, a delayed message moved
 when due, a dead consumer's given back) is seen by the next sweep, within
 ``fetch_wait_max``. A busy queue is swept after every message, and an idle worker's
-fetch sends two commands a second whatever its number of queues.
+fetch sends two commands every 5 s whatever its number of queues (one, ``BLMOVE``, on
+one queue). Without ``polling_interval`` a consuming channel's idle fetch blocks
+:data:`IDLE_BLOCK` seconds (at most ``recovery_timeout / 6``) where kombu's blocks 1: a
+push wakes a blocked fetch at once, so the block only sets how often an idle consumer
+asks (a no-ack one, such as ``inspect``'s reply consumer, keeps kombu's 1 s: it comes
+and goes, and a fetch left in flight would take the next call's reply).
 ``celeryconfig.py`` sets ``priority_steps`` to ``[0]``, one list per queue, so a
 one-queue lane blocks for free.
 
@@ -90,7 +96,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from conventions.config.sentinel import REPLICA_WAIT_MS, Replicated, replicas_wanted
 from conventions.errors import ConfigurationError
 from conventions.tracing import headers as hdr
-from conventions.transport import delayed, envelope, liveness, priorities, sentinel
+from conventions.transport import delayed, envelope, liveness, priorities, scripts, sentinel
 from conventions.transport.checks import check_kombu, check_timing
 from conventions.transport.envelope import UNPARSEABLE
 from conventions.transport.fetch import (
@@ -127,7 +133,13 @@ _PUSH_RING_SHA = hashlib.sha1(PUSH_RING.encode(), usedforsecurity=False).hexdige
 #: seconds a consumer reading several lists first blocks on one of them (doubled while
 #: the consumer stays idle, up to ``fetch_wait_max``)
 DEFAULT_FETCH_WAIT = 0.1
-DEFAULT_FETCH_WAIT_MAX = 1.0
+DEFAULT_FETCH_WAIT_MAX = 5.0
+#: seconds an idle fetch blocks in Redis when ``polling_interval`` is not given (kombu's
+#: is 1 s): a push wakes a blocked fetch at once, so the block only sets how many
+#: commands an idle consumer sends; at most ``recovery_timeout / IDLE_BLOCK_SHARE``, so
+#: the sign of life sent with a fetch always outlasts it
+IDLE_BLOCK = 5.0
+IDLE_BLOCK_SHARE = 6
 #: seconds without a sign of life after which a consumer's messages are given back
 DEFAULT_RECOVERY_TIMEOUT = 30.0
 #: seconds between two runs of the mover of a consuming channel (sooner when one is due)
@@ -275,7 +287,15 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         if self.inbox_timeout and "recovery_timeout" not in options:
             self.recovery_timeout = float(self.inbox_timeout)
         self.recovery_timeout = float(self.recovery_timeout)
-        check_timing(self.recovery_timeout, self.brpop_timeout, self.fetch_wait,
+        #: the block of a consuming channel's fetch (one with a keeper: a worker's); a
+        #: no-ack one (``inspect``'s replies) keeps kombu's: its short-lived consumers
+        #: must not leave a long fetch in flight that takes the next call's reply
+        self.idle_block = float(self.brpop_timeout)
+        if "polling_interval" not in options and "brpop_timeout" not in options:
+            self.idle_block = max(
+                self.idle_block, min(IDLE_BLOCK, self.recovery_timeout / IDLE_BLOCK_SHARE)
+            )
+        check_timing(self.recovery_timeout, self.idle_block, self.fetch_wait,
                      renew=bool(self.renew_unacked))  # fmt: skip
         if self.renew_unacked:  # the keeper renews: the timeout is the recovery bound
             self.visibility_timeout = self.recovery_timeout
@@ -427,7 +447,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         # never longer than the block that check_timing weighed recovery_timeout against
-        block = min(timeout or self.brpop_timeout, self.brpop_timeout)
+        longest = self.idle_block if self.keeper is not None else self.brpop_timeout
+        block = min(timeout or longest, longest)
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
@@ -447,8 +468,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         elif not self._swept_empty:
             inboxes = [self._inboxes[s] for s in sources]
             bells = list(dict.fromkeys(bell_of(s) for s in sources))
-            command = ["EVAL", SWEEP, 2 * len(sources) + len(bells), *sources, *inboxes,
-                       *bells, len(sources)]  # fmt: skip
+            command = ["EVALSHA", scripts.sha_of(SWEEP), 2 * len(sources) + len(bells),
+                       *sources, *inboxes, *bells, len(sources)]  # fmt: skip
             self._send("EVAL", sources, command, fresh)
         else:  # all empty: wait on their bells, then sweep again (woken or not)
             wait = min(self._wait, block)
@@ -498,6 +519,12 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 self.client.connection.disconnect()
                 self._live_at = -math.inf  # a new connection: say it again
                 raise
+            except NoScriptError:
+                # the server lost the sweep (a restart, a failover, SCRIPT FLUSH): it ran
+                # nothing, and its reply was the only one due; load it, sweep again
+                self._swept_empty = False
+                self.client.script_load(SWEEP)
+                raise Empty() from None
             except ResponseError as exc:
                 # an error reply to the fetch or to what was sent with it: the replies
                 # still due on this connection are out of step, so it is dropped, and the

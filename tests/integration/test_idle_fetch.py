@@ -48,8 +48,9 @@ def test_an_idle_worker_on_two_queues_takes_a_job_on_its_second_queue_on_the_bel
     taken = channel.taken_on_ring
     for attempt in range(ATTEMPTS):
         with Monitor() as monitor:
-            # idle past the back-off's longest wait (fetch_wait_max, 1 s by default)
-            wait_for(lambda: waiting_at_longest(monitor, broker.bell_of("heavy"), "1.0"))
+            # idle past the back-off's longest wait (fetch_wait_max, capped by the block)
+            wait_for(lambda: waiting_at_longest(monitor, broker.bell_of("heavy"),
+                                                repr(channel.idle_block)))  # fmt: skip
             result = probe.delay(call_id=f"bell-{uuid.uuid4().hex[:8]}-{attempt}")
             assert result.get(timeout=30)
         if channel.taken_on_ring > taken:
