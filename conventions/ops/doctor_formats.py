@@ -45,12 +45,21 @@ def format_findings(app: Any, *, write: bool, timeout: float = TIMEOUT) -> list[
             findings = [f for place in found for f in place_findings(place, write=write)]
             for place in found:
                 if place.kind == "sql_store":
-                    # at worker start, before the pool forks: no pooled connection is
-                    # left for the children to inherit (SQLAlchemy's advice)
-                    place.handle._engine.dispose()
+                    _release_pool(place.handle._engine)
             return findings
     except Exception as exc:  # no store configured, a place that does not answer
         return [_unreadable("stores", exc)]
+
+
+def _release_pool(engine: Any) -> None:
+    """At worker start, before the pool forks: no pooled connection left for the children
+    to inherit (SQLAlchemy's advice). Not while a connection of the engine is checked
+    out (a worker run in-process beside code of the app's, a test's): dispose would
+    detach it from its pool, to be garbage-collected unclosed; the children forget the
+    store after the fork anyway (``worker_process_init``)."""
+    checked_out = getattr(engine.pool, "checkedout", None)
+    if checked_out is None or checked_out() == 0:
+        engine.dispose()
 
 
 def place_findings(place: Place, *, write: bool) -> Iterator[Finding]:

@@ -39,6 +39,8 @@ def provider() -> Iterator[cap.Provider]:
     server.server_close()
 
 
+# 52 s of a real rate window: in make chaos (make test's 20 minutes)
+@pytest.mark.chaos
 def test_three_workers_keep_a_fleet_wide_rate_and_other_queues_keep_running(
     worker_process: Callable[..., Any], provider: cap.Provider
 ) -> None:

@@ -42,6 +42,8 @@ def _empty_queues(client: redis.Redis) -> None:
         client.delete(*[key for queue in reader.queues for key in reader.lists(queue)])
 
 
+# 35 s of a real queue ageing: in make chaos (make test's 20 minutes)
+@pytest.mark.chaos
 def test_with_no_worker_the_oldest_age_grows_and_a_worker_drains_it_to_zero(
     exporter: ExporterProcess,
     broker_redis: redis.Redis,
