@@ -70,6 +70,8 @@ def test_three_workers_keep_a_fleet_wide_rate_and_other_queues_keep_running(
     assert (len(provider.arrivals) - 1) / span <= RATE * 1.02
 
 
+# 22 s of real workers and a kill: in make chaos (make test's 20 minutes)
+@pytest.mark.chaos
 def test_a_cap_of_two_holds_across_workers_and_a_killed_holder_frees_its_slot(
     worker_process: Callable[..., Any], provider: cap.Provider
 ) -> None:

@@ -162,6 +162,8 @@ def test_the_demo_tells_the_whole_story_on_the_embedded_default_and_its_numbers_
     assert_numbers_are_true(summary)
 
 
+# the embedded run (the README's default) stays in make test; Redis's 21 s: make chaos
+@pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_the_demo_on_redis_shows_queue_ages_and_metrics_and_its_numbers_are_true() -> None:
     try:

@@ -40,6 +40,8 @@ def _clock_env(entries: str, fake_now: dt.datetime | None = None) -> dict[str, s
     return env
 
 
+# 22 s of a real beat window: in make chaos (make test's 20 minutes)
+@pytest.mark.chaos
 def test_a_daily_bangkok_entry_names_the_bangkok_day_across_the_utc_day_boundary(
     worker_process: Callable[..., Any], beat_process: Callable[..., Any]
 ) -> None:

@@ -27,6 +27,8 @@ GRACE = 2.0
 SOFT_SHUTDOWN = 10.0
 
 
+# 17 s of a real grace period: in make chaos (make test's 20 minutes)
+@pytest.mark.chaos
 def test_a_job_that_ignores_the_stop_is_cancelled_after_the_grace_and_runs_again_elsewhere(
     worker_process: Callable[..., WorkerProcess],
     broker_redis: redis.Redis,

@@ -150,6 +150,8 @@ def test_a_sweeper_whose_clock_runs_20s_ahead_does_not_give_back_a_job_a_live_wo
             store.close()
 
 
+# 12 s (the faketime fleet of make chaos runs it at scale): in make chaos
+@pytest.mark.chaos
 @pytest.mark.timeout(120)
 def test_a_worker_whose_clock_runs_3s_ahead_runs_neither_a_countdown_nor_a_foreign_eta_early(
     server: RedisServer, tmp_path: Path

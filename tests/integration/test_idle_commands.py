@@ -27,6 +27,10 @@ import redis
 from tests.fixtures import WorkerProcess, unavailable
 from tests.integration.helpers import SpareRedis
 
+#: 34 s a queue set (a warm-up, then 10 s counted): in make chaos, not make test's 20
+#: minutes
+pytestmark = pytest.mark.chaos
+
 #: the issue's bound (#32): commands per second an idle worker sends, whatever its queues
 BOUND = 2.0
 #: seconds idle before counting (fetch back-off at its longest, the first beat and sweep
