@@ -11,38 +11,26 @@ batch in one script (the last two tests).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-
-import pytest
 
 from conventions.store import Store, keys
 from conventions.store import batches as b
 from conventions.store.records import ClaimStatus
-from conventions.store.redis import RedisStore
 from tests.integration.test_store_contract import (  # noqa: F401  (fixtures)
-    _wipe_redis,
-    _wipe_sql,
     cluster_backend,
     dead_letter,
     postgresql_backend,
     redis_backend,
     sqlite_backend,
 )
+from tests.integration.test_store_contract import (
+    store as contract_store,
+)
+
+#: the contract's fixture: an empty store on each of its four backends, wiped after
+store = contract_store
 
 CALLBACKS = {b.ON_SUCCESS: {"task": "t.ok.v1"}, b.ON_COMPLETE: {"task": "t.done.v1"}}
-
-
-@pytest.fixture(params=["redis", "cluster", "postgresql", "sqlite"])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    backend = request.getfixturevalue(f"{request.param}_backend")
-    try:
-        yield backend
-    finally:
-        if isinstance(backend, RedisStore):
-            _wipe_redis(backend)
-        else:
-            _wipe_sql(backend)
 
 
 def _batch(store: Store, members: int, parent: str | None = None, nested: str = "") -> str:
