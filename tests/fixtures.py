@@ -138,17 +138,21 @@ def thread_worker(services: None) -> Iterator[Any]:
     own worker processes."""
     from celery.contrib.testing.worker import start_worker
 
+    from conventions.testing.worker import own_event_loop
     from tasks import app
 
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=4,
-        queues=["email", "heavy"],
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=20,
-    ) as worker:
+    with (
+        own_event_loop(),
+        start_worker(
+            app,
+            pool="threads",
+            concurrency=4,
+            queues=["email", "heavy"],
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=20,
+        ) as worker,
+    ):
         yield worker
 
 

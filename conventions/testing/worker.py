@@ -6,6 +6,12 @@ databases the test owns (emptied first and last), starts
 queue of the app's workloads: no Docker, no subprocess) and stops it cleanly on the way
 out, the app's settings put back as they were. Jobs then go through the real broker,
 transport, consumer and result backend: what the in-process kit stands in for.
+
+Each worker started here gets an event loop of its own (:func:`own_event_loop`): Celery's
+worker takes kombu's process-wide loop when one is set, so a second in-process worker
+started while another runs (a module's worker fixture, then a test's own) would drive the
+same loop from two threads, and sooner or later crash with "generator already executing"
+or never stop.
 """
 
 from __future__ import annotations
@@ -15,6 +21,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from conventions.testing.isolation import empty_redis, forget
+
+
+@contextlib.contextmanager
+def own_event_loop() -> Iterator[None]:
+    """Start an in-process worker inside: it makes an event loop (kombu's hub) of its own
+    instead of sharing the one a worker already running in this process set; the running
+    one's is set back on the way out."""
+    from kombu.asynchronous import get_event_loop, set_event_loop
+
+    running = get_event_loop()
+    set_event_loop(None)
+    try:
+        yield
+    finally:
+        set_event_loop(running)
 
 
 def _queues(app: Any) -> list[str]:
@@ -54,15 +75,18 @@ def real_worker(
     forget(app)
     conf.update(overrides)
     try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=concurrency,
-            queues=queues or _queues(app),
-            perform_ping_check=False,
-            loglevel="WARNING",
-            shutdown_timeout=shutdown_timeout,
-        ) as worker:
+        with (
+            own_event_loop(),
+            start_worker(
+                app,
+                pool="threads",
+                concurrency=concurrency,
+                queues=queues or _queues(app),
+                perform_ping_check=False,
+                loglevel="WARNING",
+                shutdown_timeout=shutdown_timeout,
+            ) as worker,
+        ):
             yield worker
     finally:
         store = app.__dict__.get("_cc_store")

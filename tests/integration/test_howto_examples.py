@@ -20,15 +20,20 @@ def examples_worker(services: None) -> Iterator[Any]:
     """A thread worker of the examples' app on the email queue."""
     from celery.contrib.testing.worker import start_worker
 
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=2,
-        queues=["email"],
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=20,
-    ) as worker:
+    from conventions.testing.worker import own_event_loop
+
+    with (
+        own_event_loop(),
+        start_worker(
+            app,
+            pool="threads",
+            concurrency=2,
+            queues=["email"],
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=20,
+        ) as worker,
+    ):
         yield worker
 
 
@@ -65,8 +70,10 @@ def test_the_old_plain_task_forwards_to_the_convention_task(services: None) -> N
     runs the old plain task, which forwards to the convention job."""
     from celery.contrib.testing.worker import start_worker
 
+    from conventions.testing.worker import own_event_loop
+
     adopt.app.conf.conventions_doctor_levels = {"redis-no-persistence": "warning"}
-    with start_worker(
+    with own_event_loop(), start_worker(
         adopt.app, pool="threads", concurrency=2, queues=["celery"],
         perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
     ):  # fmt: skip
@@ -92,9 +99,10 @@ def test_the_flask_example_answers_202_with_a_run_id_and_echoes_the_correlation_
     assert (polled["run_id"], polled["state"]) == (run_id, "queued")  # nobody reads heavy yet
     from celery.contrib.testing.worker import start_worker
 
+    from conventions.testing.worker import own_event_loop
     from tasks import app as tasks_app
 
-    with start_worker(
+    with own_event_loop(), start_worker(
         tasks_app, pool="threads", concurrency=1, queues=["heavy"],
         perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
     ):  # fmt: skip

@@ -128,6 +128,8 @@ def test_a_publisher_whose_body_reaches_a_worker_is_dead_lettered_as_a_bug(
     A real worker of an app that has only the publisher, on a queue of its own."""
     from celery.contrib.testing.worker import start_worker
 
+    from conventions.testing.worker import own_event_loop
+
     app = fresh_app
     # the app declares the lane's queue and route itself (no task_queues, no task_routes)
     app.conf.update(
@@ -137,7 +139,7 @@ def test_a_publisher_whose_body_reaches_a_worker_is_dead_lettered_as_a_bug(
         "testing.orphan.v1", payload=Ping, key="orphan:{ping_id}", workload="orphan"
     )
     publisher = app.publisher(contract)
-    with start_worker(
+    with own_event_loop(), start_worker(
         app, pool="threads", concurrency=1, queues=["orphan-lane"],
         perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
     ):  # fmt: skip

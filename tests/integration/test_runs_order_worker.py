@@ -73,6 +73,8 @@ def test_a_published_event_written_after_a_real_worker_finished_leaves_the_run_s
 ) -> None:
     from celery.contrib.testing.worker import start_worker
 
+    from conventions.testing.worker import own_event_loop
+
     app, job = sql_app
     store = app.store
     assert isinstance(store, SQLStore)
@@ -83,7 +85,7 @@ def test_a_published_event_written_after_a_real_worker_finished_leaves_the_run_s
     holder.execute(sa.insert(counts).values(name=f"published|{TASK}", value=0))
     published: list[Any] = []
     queues = [app.conf.task_default_queue]
-    with start_worker(
+    with own_event_loop(), start_worker(
         app, pool="threads", concurrency=1, queues=queues,
         perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
     ):  # fmt: skip
