@@ -11,7 +11,8 @@ With the layer's Redis transport the broker also says what it holds beside the q
 (:mod:`conventions.transport.layout`): jobs not yet due, whose next due time should not
 lie in the past for long (each consumer moves due jobs as it fetches), and the consumers
 whose sign of life is fresh (a worker that consumes a queue without one is recovered
-only by the visibility timeout: not the layer's transport, or an older layer).
+only by the visibility timeout: not the layer's transport, or an older layer), and
+whether those consumers agree on ``recovery_timeout`` (:mod:`conventions.ops.doctor_fleet`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from conventions.config import settings as settingslib
 from conventions.config.profile import INBOX_TRANSPORT
 from conventions.jobs import routing
 from conventions.observability.queues import Held
-from conventions.ops import doctor, doctor_rabbitmq
+from conventions.ops import doctor, doctor_fleet, doctor_rabbitmq
 from conventions.ops.doctor import ERROR, WARNING, Finding, apply_levels, user_tasks
 
 #: seconds to wait for the workers' replies
@@ -50,6 +51,8 @@ class Live:
     overdue: dict[str, float] = field(default_factory=dict)
     #: RabbitMQ: queue -> consumers the broker counts (a queue not declared is missing)
     broker_consumers: dict[str, int] = field(default_factory=dict)
+    #: the layer's transport: each live consumer's ``recovery_timeout`` as its score says
+    timeouts: list[doctor_fleet.Bound] = field(default_factory=list)
 
     @property
     def consumed(self) -> set[str]:
@@ -99,6 +102,7 @@ def _read_held(app: Any, live: Live, timeout: float) -> None:
         client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         try:
             states = broker_reader(app, client).read()
+            live.timeouts = doctor_fleet.read_bounds(client)
             break
         except redis.RedisError:
             continue
@@ -166,6 +170,7 @@ def _findings(app: Any, live: Live) -> Iterator[Finding]:
                 "run them",
             )  # fmt: skip
     yield from _held_findings(live, consumed)
+    yield from doctor_fleet.fleet_findings(app.conf, live.timeouts)
     yield from doctor_rabbitmq.live_findings(
         app.conf, live.broker_consumers, live.backlog, set(routes)
     )
