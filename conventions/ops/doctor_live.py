@@ -27,7 +27,7 @@ from conventions.config import settings as settingslib
 from conventions.config.profile import INBOX_TRANSPORT
 from conventions.jobs import routing
 from conventions.observability.queues import Held
-from conventions.ops import doctor, doctor_fleet, doctor_rabbitmq
+from conventions.ops import doctor, doctor_fleet, doctor_rabbitmq, doctor_rabbitmq_env
 from conventions.ops.doctor import ERROR, WARNING, Finding, apply_levels, user_tasks
 
 #: seconds to wait for the workers' replies
@@ -53,6 +53,8 @@ class Live:
     broker_consumers: dict[str, int] = field(default_factory=dict)
     #: the layer's transport: each live consumer's ``recovery_timeout`` as its score says
     timeouts: list[doctor_fleet.Bound] = field(default_factory=list)
+    #: RabbitMQ with countdowns on quorum queues: each node's dead-letter confirm timeout
+    dlx_confirm: doctor_rabbitmq_env.Read | None = None
 
     @property
     def consumed(self) -> set[str]:
@@ -71,6 +73,8 @@ def observe(app: Any, timeout: float = DEFAULT_TIMEOUT) -> Live:
             live.backlog[name] = declared[0] if declared else 0
             if declared is not None:
                 live.broker_consumers[name] = declared[1]
+        if doctor_rabbitmq_env.wanted(app.conf):
+            live.dlx_confirm = doctor_rabbitmq_env.read(app.conf)
         return live
     live = Live(consumers=consumers, backlog={name: _depth(app, name) for name in sorted(names)})
     if doctor.layer_transport(app.conf):
@@ -174,6 +178,7 @@ def _findings(app: Any, live: Live) -> Iterator[Finding]:
     yield from doctor_rabbitmq.live_findings(
         app.conf, live.broker_consumers, live.backlog, set(routes)
     )
+    yield from doctor_rabbitmq_env.confirm_findings(app.conf, live.dlx_confirm)
     yield from _beat_findings(app, consumed)
 
 
