@@ -151,7 +151,7 @@ def real(count: int) -> Any:
     try:
         for n in range(count):
             name = f"fleet{n}"
-            ready = procs.LOG_DIR / f"{name}.ready"
+            ready = procs.run_dir() / f"{name}.ready"
             argv = [common.python(), "-m", "bench.launch", "--ready", str(ready), "--",
                     "-A", "bench.apps:conv", "worker", "-P", "solo", "-Q", "bench_conv",
                     "-n", f"{name}@%h", "--without-gossip", "--without-mingle",

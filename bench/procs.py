@@ -13,8 +13,21 @@ from pathlib import Path
 
 from bench import common
 
-#: where worker logs and ready files go (kept after the run for a look)
+#: where each run's folder of worker logs and ready files goes (kept after the run for a
+#: look)
 LOG_DIR = Path(tempfile.gettempdir()) / "cc-bench"
+_run_dir: Path | None = None
+
+
+def run_dir() -> Path:
+    """This run's own folder under :data:`LOG_DIR` (made at its first use, the same for
+    the rest of the process): two benchmarks at once never share a worker's log or ready
+    file (``fleet-w1.ready`` of one is not the other's)."""
+    global _run_dir  # noqa: PLW0603 (one folder per process)
+    if _run_dir is None:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        _run_dir = Path(tempfile.mkdtemp(prefix=time.strftime("run-%Y%m%d-%H%M%S-"), dir=LOG_DIR))
+    return _run_dir
 
 
 class Worker:
@@ -29,9 +42,8 @@ class Worker:
     ) -> None:
         """``env``: the subprocess's environment (the benchmark's, :func:`common.env`,
         when None)."""
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.name = name
-        self.log = LOG_DIR / f"{name}.log"
+        self.log = run_dir() / f"{name}.log"
         self.ready = ready
         if ready is not None:
             ready.unlink(missing_ok=True)
@@ -90,7 +102,7 @@ def celery_worker(
     launch: Sequence[str] = (),
 ) -> Worker:
     """``celery -A app worker -P pool -c concurrency -Q queue`` through :mod:`bench.launch`."""
-    ready = LOG_DIR / f"{name}.ready"
+    ready = run_dir() / f"{name}.ready"
     argv = [
         common.python(), "-m", "bench.launch", *launch, "--ready", str(ready), "--",
         "-A", app, "worker", "-P", pool, "-c", str(concurrency), "-Q", queue,

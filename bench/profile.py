@@ -77,7 +77,7 @@ def summary(stats: pstats.Stats, jobs: int, parts: list[tuple[str, str, str]] = 
 
 def profile_publish(name: str, n: int) -> pstats.Stats:
     """``n`` publishes of variant ``name`` in a profiled producer process."""
-    out = procs.LOG_DIR / f"profile-publish-{name}.pstats"
+    out = procs.run_dir() / f"profile-publish-{name}.pstats"
     out.unlink(missing_ok=True)
     producer = Producer(name, ("--no-hiredis", "--profile", str(out)))
     try:
@@ -90,7 +90,7 @@ def profile_publish(name: str, n: int) -> pstats.Stats:
 def profile(client: Any, name: str, n: int) -> pstats.Stats:
     """Drain ``n`` jobs of variant ``name`` with a profiled ``-P solo`` worker."""
     item = drain.target(name)
-    out = procs.LOG_DIR / f"profile-{name}.pstats"
+    out = procs.run_dir() / f"profile-{name}.pstats"
     out.unlink(missing_ok=True)
     drain.fill(client, [item], n)
     client.rename(item.hold, item.queue)

@@ -259,7 +259,7 @@ class Drain:
     def _worker(self) -> Any:
         from bench import procs
 
-        ready = procs.LOG_DIR / f"{self.name}.ready"
+        ready = procs.run_dir() / f"{self.name}.ready"
         argv = [
             common.python(), "-m", "bench.launch", "--no-hiredis", "--ready", str(ready), "--",
             "-A", f"bench.rabbitmq:{self.variant}", "worker", "-P", "prefork", "-c", "2",

@@ -105,7 +105,7 @@ def partitions(ports: list[int]) -> list[int]:
 
 def _worker(env: dict[str, str], variant: str, app: str) -> procs.Worker:
     name = f"scale_cluster_{variant}"
-    ready = procs.LOG_DIR / f"{name}.ready"
+    ready = procs.run_dir() / f"{name}.ready"
     argv = [
         common.python(), "-m", "bench.launch", "--no-hiredis", "--ready", str(ready), "--",
         "-A", app, "worker", "-P", "prefork", "-c", "2", "-Q", f"bench_{variant}",

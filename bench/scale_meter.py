@@ -116,14 +116,27 @@ class Meter:
         return found
 
 
+#: seconds ``MONITOR``'s reader may go without reading a line before a take gives up:
+#: under load it reads far behind the server, for as long as the backlog takes; only a
+#: reader that stopped moving is a failure
+STALL = 30.0
+
+
 class Trips:
     """Counts the commands clients send (``MONITOR``: a script is one line, the
-    commands it runs are marked ``lua``) from a thread, per phase."""
+    commands it runs are marked ``lua``) from a thread, per phase.
 
-    def __init__(self, port: int) -> None:
+    ``stall``: how long the reader may read no line at all before :meth:`take` gives
+    up; while it reads, however far behind, a take waits for its marker."""
+
+    def __init__(self, port: int, stall: float = STALL, host: str = "localhost") -> None:
         import redis
 
-        self.client = redis.Redis(port=port)
+        self.client = redis.Redis(host=host, port=port)
+        self.stall = stall
+        #: lines the reader has read (its progress, watched by :meth:`take`)
+        self.lines = 0
+        self._failed: BaseException | None = None
         self.count: collections.Counter[str] = collections.Counter()
         #: the (address, port) of clients whose commands are the bench's own (its poll)
         self.ignore: set[tuple[str, str]] = set()
@@ -153,37 +166,54 @@ class Trips:
 
     def _run(self) -> None:
         in_transaction: set[tuple[str, str]] = set()  # clients between MULTI and EXEC
-        with self.client.monitor() as monitor:
-            for command in monitor.listen():
-                self._listening.set()
-                if self._stop:
-                    return
-                line = str(command.get("command", ""))
-                name = line.split(" ", 1)[0].lower()
-                if name == "echo" and self._marker and self._marker in line:
-                    self._taken, self.count = self.count, collections.Counter()
-                    self._marked.set()
-                    continue
-                if command.get("client_type") == "lua" or name == "info":
-                    continue
-                # a MULTI ... EXEC pipeline is written at once: one trip, counted as its
-                # EXEC (MONITOR shows each command of it, MULTI too)
-                client = (str(command.get("client_address")), str(command.get("client_port")))
-                if client in self.ignore:
-                    continue
-                if name == "multi":
-                    in_transaction.add(client)
-                elif name in ("exec", "discard"):
-                    in_transaction.discard(client)
-                    self.count["exec"] += 1
-                elif client not in in_transaction:
-                    self.count[name] += 1
+        try:
+            with self.client.monitor() as monitor:
+                for command in monitor.listen():
+                    self.lines += 1
+                    self._listening.set()
+                    if self._stop:
+                        return
+                    self._line(command, in_transaction)
+        except BaseException as exc:  # said by the next take, not lost in a thread
+            self._failed = exc
+            raise
+
+    def _line(self, command: dict[str, Any], in_transaction: set[tuple[str, str]]) -> None:
+        line = str(command.get("command", ""))
+        name = line.split(" ", 1)[0].lower()
+        if name == "echo" and self._marker and self._marker in line:
+            self._taken, self.count = self.count, collections.Counter()
+            self._marked.set()
+            return
+        if command.get("client_type") == "lua" or name == "info":
+            return
+        # a MULTI ... EXEC pipeline is written at once: one trip, counted as its EXEC
+        # (MONITOR shows each command of it, MULTI too)
+        client = (str(command.get("client_address")), str(command.get("client_port")))
+        if client in self.ignore:
+            return
+        if name == "multi":
+            in_transaction.add(client)
+        elif name in ("exec", "discard"):
+            in_transaction.discard(client)
+            self.count["exec"] += 1
+        elif client not in in_transaction:
+            self.count[name] += 1
 
     def take(self) -> collections.Counter[str]:
         """What was counted since the last take: up to a marker (``ECHO``) sent now, so
         that the lines ``MONITOR`` has not delivered yet fall in this phase, not the next."""
         self._marker, self._marked = uuid.uuid4().hex, threading.Event()
         self.client.echo(self._marker)
-        if not self._marked.wait(30):
-            raise TimeoutError("MONITOR did not deliver the phase's marker in 30 s")
+        seen, moved = self.lines, time.monotonic()
+        while not self._marked.wait(min(1.0, self.stall)):
+            if self._failed is not None or not self._thread.is_alive():
+                raise RuntimeError(f"MONITOR's reader ended: {self._failed!r}")
+            if self.lines != seen:  # behind, but reading: the marker comes
+                seen, moved = self.lines, time.monotonic()
+            elif time.monotonic() - moved > self.stall:
+                raise TimeoutError(
+                    f"MONITOR's reader read nothing for {self.stall:g} s and did not "
+                    "deliver the phase's marker"
+                )
         return self._taken

@@ -104,7 +104,7 @@ def _limits(variant: str) -> dict[str, dict[str, float]]:
 
 def _worker(amqp: str | None, variant: str, app: str) -> procs.Worker:
     name = f"scale_{variant}"
-    ready = procs.LOG_DIR / f"{name}.ready"
+    ready = procs.run_dir() / f"{name}.ready"
     argv = [
         common.python(), "-m", "bench.launch", "--no-hiredis", "--ready", str(ready), "--",
         "-A", app, "worker", "-P", "prefork", "-c", "2",

@@ -9,7 +9,8 @@ them (:mod:`conventions.upgrade.runner`): one migrate at a time per place, each 
 audited (``conventions trace migrate``), resumable after a crash. Run again, it finds
 nothing to do. Exit status: 0 done or nothing to do (the dry run too), 1 refused (a
 format newer than this release, another migrate's lock held past ``--wait``, the lock
-lost), 3 a place did not answer.
+lost: with ``--json`` its answer on stdout says why, ``refused``), 3 a place did not
+answer.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ def migrate_command(
 ) -> int:
     """List the steps from the stored format versions to this release's; --apply runs them."""
     registry = steps.load()
-    report: list[dict[str, object]] = []
     with places(app) as found:
         plans = [runner.plan_place(place, registry) for place in found]
         newer = [fp for plan in plans for fp in plan.formats if fp.newer]
@@ -79,14 +79,22 @@ def migrate_command(
                 for line in runner.describe(plan):
                     click.echo(fmt.shown(line))
         total = sum(plan.steps for plan in plans)
-        if newer:
-            raise Failure(
-                f"migrate: {', '.join(f'{fp.format} {fp.at}' for fp in newer)} is newer than "
-                "this release: upgrade the layer (a rollback keeps the data: see "
-                "docs/howto/migrate.md)",
-                REFUSED,
-            )
+        report = [_reported(plan) for plan in plans]
         ran = 0
+
+        def refuse(message: str) -> Failure:
+            """The refusal: its one line on stderr, and under --json its answer on stdout
+            (what ran before it included)."""
+            if as_json:
+                print_json(_answer(apply_, total, ran, report, refused=" ".join(message.split())))
+            return Failure(f"migrate: {message}", REFUSED)
+
+        if newer:
+            raise refuse(
+                f"{', '.join(f'{fp.format} {fp.at}' for fp in newer)} is newer than this "
+                "release: upgrade the layer (a rollback keeps the data: see "
+                "docs/howto/migrate.md)"
+            )
         if apply_ and total:
             for plan in plans:
                 if not plan.steps:
@@ -99,21 +107,9 @@ def migrate_command(
                         lock_ttl=lock_ttl, echo=(lambda _: None) if as_json else click.echo,
                     )  # fmt: skip
                 except (runner.Refused, LockLost) as exc:
-                    raise Failure(f"migrate: {exc}", REFUSED) from exc
-        for plan in plans:
-            report.append(
-                {
-                    "place": plan.place.stamp.where,
-                    "kind": plan.place.kind,
-                    "formats": [
-                        {"format": fp.format, "stamped": fp.stamped, "target": fp.target,
-                         "steps": [s.name for s in fp.steps], "resumes_from": fp.cursor}
-                        for fp in plan.formats
-                    ],
-                }
-            )  # fmt: skip
+                    raise refuse(str(exc)) from exc
     if as_json:
-        print_json({"applied": apply_, "steps": total, "ran": ran, "places": report})
+        print_json(_answer(apply_, total, ran, report))
     elif not total:
         click.echo("nothing to do: every place is at this release's versions")
     elif apply_:
@@ -124,6 +120,25 @@ def migrate_command(
             "run it again with --apply"
         )
     return 0
+
+
+def _reported(plan: runner.PlacePlan) -> dict[str, object]:
+    return {
+        "place": plan.place.stamp.where,
+        "kind": plan.place.kind,
+        "formats": [
+            {"format": fp.format, "stamped": fp.stamped, "target": fp.target,
+             "steps": [s.name for s in fp.steps], "resumes_from": fp.cursor}
+            for fp in plan.formats
+        ],
+    }  # fmt: skip
+
+
+def _answer(
+    applied: bool, total: int, ran: int, places: list[dict[str, object]], refused: str | None = None
+) -> dict[str, object]:
+    """``--json``'s answer; ``refused``: why nothing (more) was run (exit status 1)."""
+    return {"applied": applied, "steps": total, "ran": ran, "refused": refused, "places": places}
 
 
 #: the commands this module adds to ``conventions``

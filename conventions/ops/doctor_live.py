@@ -11,7 +11,8 @@ With the layer's Redis transport the broker also says what it holds beside the q
 (:mod:`conventions.transport.layout`): jobs not yet due, whose next due time should not
 lie in the past for long (each consumer moves due jobs as it fetches), and the consumers
 whose sign of life is fresh (a worker that consumes a queue without one is recovered
-only by the visibility timeout: not the layer's transport, or an older layer).
+only by the visibility timeout: not the layer's transport, or an older layer), and
+whether those consumers agree on ``recovery_timeout`` (:mod:`conventions.ops.doctor_fleet`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from conventions.config import settings as settingslib
 from conventions.config.profile import INBOX_TRANSPORT
 from conventions.jobs import routing
 from conventions.observability.queues import Held
-from conventions.ops import doctor, doctor_rabbitmq
+from conventions.ops import doctor, doctor_fleet, doctor_rabbitmq, doctor_rabbitmq_env
 from conventions.ops.doctor import ERROR, WARNING, Finding, apply_levels, user_tasks
 
 #: seconds to wait for the workers' replies
@@ -50,6 +51,10 @@ class Live:
     overdue: dict[str, float] = field(default_factory=dict)
     #: RabbitMQ: queue -> consumers the broker counts (a queue not declared is missing)
     broker_consumers: dict[str, int] = field(default_factory=dict)
+    #: the layer's transport: each live consumer's ``recovery_timeout`` as its score says
+    timeouts: list[doctor_fleet.Bound] = field(default_factory=list)
+    #: RabbitMQ with countdowns on quorum queues: each node's dead-letter confirm timeout
+    dlx_confirm: doctor_rabbitmq_env.Read | None = None
 
     @property
     def consumed(self) -> set[str]:
@@ -68,6 +73,8 @@ def observe(app: Any, timeout: float = DEFAULT_TIMEOUT) -> Live:
             live.backlog[name] = declared[0] if declared else 0
             if declared is not None:
                 live.broker_consumers[name] = declared[1]
+        if doctor_rabbitmq_env.wanted(app.conf):
+            live.dlx_confirm = doctor_rabbitmq_env.read(app.conf)
         return live
     live = Live(consumers=consumers, backlog={name: _depth(app, name) for name in sorted(names)})
     if doctor.layer_transport(app.conf):
@@ -99,6 +106,7 @@ def _read_held(app: Any, live: Live, timeout: float) -> None:
         client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         try:
             states = broker_reader(app, client).read()
+            live.timeouts = doctor_fleet.read_bounds(client)
             break
         except redis.RedisError:
             continue
@@ -166,9 +174,11 @@ def _findings(app: Any, live: Live) -> Iterator[Finding]:
                 "run them",
             )  # fmt: skip
     yield from _held_findings(live, consumed)
+    yield from doctor_fleet.fleet_findings(app.conf, live.timeouts)
     yield from doctor_rabbitmq.live_findings(
         app.conf, live.broker_consumers, live.backlog, set(routes)
     )
+    yield from doctor_rabbitmq_env.confirm_findings(app.conf, live.dlx_confirm)
     yield from _beat_findings(app, consumed)
 
 

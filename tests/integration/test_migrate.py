@@ -4,6 +4,7 @@ refuses, a pending one names the command)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,6 +103,22 @@ def test_a_store_stamped_by_a_newer_release_is_refused_by_migrate_and_the_doctor
     assert code == 1
     assert "newer than this release" in err
     assert [(f.level, f.code) for f in found] == [("error", "format-newer-than-release")]
+
+
+def test_a_refusal_under_json_answers_json_with_the_reason_and_exit_1(
+    redis_dbs: Dbs, new_app: NewApp, capsys: Any
+) -> None:
+    _, store = redis_dbs
+    store.hset("cc:format", "store_redis", formats.current("store_redis") + 1)
+
+    code, out, err = migrate(new_app(STORE), "--apply", "--json", capsys=capsys)
+
+    assert code == 1
+    answer = json.loads(out)
+    assert answer["applied"] is True and answer["ran"] == 0
+    assert "newer than this release" in answer["refused"]
+    assert {p["kind"] for p in answer["places"]} == {"redis_store", "transport"}
+    assert "newer than this release" in err  # the one line on stderr, as without --json
 
 
 def test_the_doctor_names_the_command_when_a_migration_is_pending(

@@ -7,6 +7,7 @@ with the probe steps of ``support_migrate.PROBE_APP``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -74,7 +75,7 @@ def test_a_second_migrate_waits_for_the_first_or_refuses_after_its_wait(probe: P
     wait_for(lambda: (probe / "waiting").exists() or first.poll() is not None, "the probe step")
     assert first.poll() is None, finish(first)
 
-    refused = finish(spawn(probe, "--apply", "--wait", "1"))
+    refused = finish(spawn(probe, "--apply", "--wait", "1", "--json"))
     log = probe / "waiting.log"
     waiting = spawn(probe, "--apply", "--wait", "90", out=log)
     wait_for(lambda: "waiting up to 90s for the lock" in log.read_text(), "the second's wait")
@@ -85,6 +86,7 @@ def test_a_second_migrate_waits_for_the_first_or_refuses_after_its_wait(probe: P
 
     assert refused[0] == 1, refused
     assert "another migrate holds the store" in refused[2]
+    assert "another migrate holds the store" in json.loads(refused[1])["refused"]
     assert done[0] == 0, done
     assert waiting.returncode == 0, waited
     assert "done: 0 step(s) ran" in waited
