@@ -39,15 +39,21 @@ local function same_job(raw, task_id)
   return nil
 end
 
+-- An earlier event without '"t":' has no job fields: whether it is this job's or
+-- another's, the search goes on past it, so it is not decoded; nor is the new event
+-- until an earlier one may hold its job fields (a job's first event decodes nothing).
 local function shortest(trail, full, short)
   if short == '' then return full end
-  local new = cjson.decode(full)
+  local new = nil
   local recent = redis.call('LRANGE', trail, -16, -1)
   for i = #recent, 1, -1 do
-    local other = same_job(recent[i], new.j)
-    if other and other.t ~= nil then
-      if other.t == new.t and other.c == new.c and other.k == new.k then return short end
-      return full
+    if string.find(recent[i], '"t":', 1, true) then
+      if new == nil then new = cjson.decode(full) end
+      local other = same_job(recent[i], new.j)
+      if other and other.t ~= nil then
+        if other.t == new.t and other.c == new.c and other.k == new.k then return short end
+        return full
+      end
     end
   end
   return full

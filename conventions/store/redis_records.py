@@ -278,7 +278,9 @@ class RedisRecords(RedisRuns, RedisBatches):
             return [by_time, by_time, counted], ["", "", 1, 0, "", "[]", "", 0, 0, ""]
         trail = keys.audit(event.correlation_id, p)
         ttl = max(1, math.ceil(self.audit_ttl))
-        moved = json.dumps([item for pair in counts.fields(event).items() for item in pair])
+        # the amounts as strings: ``HINCRBY`` takes them as they are (a Lua number would be
+        # formatted back to a string by Redis, call by call)
+        moved = json.dumps([str(item) for pair in counts.fields(event).items() for item in pair])
         return [trail, by_time, counted], [
             *_compact(event), ttl, _score(event.at), event.correlation_id, moved,
             keys.audit("", p), self.audit_max_events, self.audit_max_trails,

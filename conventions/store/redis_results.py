@@ -42,7 +42,10 @@ if results_db ~= store_db then redis.call('SELECT', results_db) end
 -- overwritten (a late STARTED of a redelivered copy, say)
 local current = redis.call('GET', result_key)
 local readable, meta = false, nil
-if current then readable, meta = pcall(cjson.decode, current) end
+-- a value without the word SUCCESS is no SUCCESS: decoded only when it may be one
+if current and string.find(current, 'SUCCESS', 1, true) then
+  readable, meta = pcall(cjson.decode, current)
+end
 if not (readable and type(meta) == 'table' and meta['status'] == 'SUCCESS') then
   if result_ttl == '' then
     redis.call('SET', result_key, result)

@@ -107,6 +107,41 @@ local function unindex(entry)
   redis.call('ZREM', entry[1], entry[3])
 end
 
+-- the one index entry of field `name` ('all' or one of run_entries' fields) of a record
+-- (or of the values a record had: `view`), as run_entries makes it, or nil
+local RUN_INDEXED = {'all', 'task', 'state', 'queue', 'key', 'correlation_id'}
+local function run_entry(pre, name, view)
+  if name == 'all' then return {pre .. 'all', view.created_at, view.id} end
+  local value = view[name]
+  if name == 'state' and (value == 'queued' or value == 'succeeded') then return nil end
+  if type(value) ~= 'string' or value == '' then return nil end
+  if name == 'key' or name == 'correlation_id' then
+    return {pre .. 'lex:' .. name, false, value .. '\\0' .. view.id}
+  end
+  return {pre .. 'ix:' .. name .. ':' .. value, view.created_at, view.id}
+end
+
+-- what run_entries(pre, had) against run_entries(pre, doc) writes, field by field, and
+-- only for the fields whose value moved (an update moves its state, seldom more): an
+-- entry wanted and not had is added, a scored one again when created_at moved, one
+-- had and not wanted removed
+local function reindex(pre, had, doc)
+  local moved_time = had.created_at ~= doc.created_at
+  for _, name in ipairs(RUN_INDEXED) do
+    if moved_time or had.id ~= doc.id or (name ~= 'all' and had[name] ~= doc[name]) then
+      local old, new = run_entry(pre, name, had), run_entry(pre, name, doc)
+      -- the same entry as run_entries names them: a scored one by its index, a lex one
+      -- by its member too
+      local lex = name == 'key' or name == 'correlation_id'
+      local same = old and new and old[1] == new[1] and (not lex or old[3] == new[3])
+      if new and (not same or (new[2] and moved_time)) then
+        redis.call('ZADD', new[1], new[2] or 0, new[3])
+      end
+      if old and not same then unindex(old) end
+    end
+  end
+end
+
 local function drop_run(pre, id)
   local key = pre .. 'rec:' .. id
   local raw = redis.call('GET', key)
@@ -122,12 +157,12 @@ local function record_run(raw)
   local key = p.pre .. 'rec:' .. p.id
   local found = redis.call('GET', key)
   local doc = {id = p.id}
-  local had = {}
+  local had = nil  -- the indexed values the record had
   if found then
     doc = cjson.decode(found)
-    had = run_entries(p.pre, doc)
+    had = {id = doc.id, created_at = doc.created_at}
+    for _, name in ipairs(RUN_INDEXED) do had[name] = doc[name] end
   end
-  local created = doc.created_at
   if run_moves(doc, p.order) then
     for k, v in pairs(p.move or {}) do doc[k] = v end
     doc.order = p.order
@@ -166,14 +201,12 @@ local function record_run(raw)
   end
   while #lines > p.max_logs do table.remove(lines, 1) end
   doc.logs = lines
-  local wanted = run_entries(p.pre, doc)
-  for name, entry in pairs(wanted) do  -- again when an earlier event moved created_at
-    if not had[name] or (entry[2] and created ~= doc.created_at) then
+  if had then
+    reindex(p.pre, had, doc)
+  else
+    for _, entry in pairs(run_entries(p.pre, doc)) do
       redis.call('ZADD', entry[1], entry[2] or 0, entry[3])
     end
-  end
-  for name, entry in pairs(had) do
-    if not wanted[name] then unindex(entry) end
   end
   redis.call('SET', key, cjson.encode(doc))
   if p.max > 0 then

@@ -437,3 +437,41 @@ def test_the_redis_script_merges_every_order_of_events_as_the_python_rules_do(
             assert Run.from_doc(json.loads(str(raw))) == Run.from_doc(doc), order
     finally:
         _wipe_redis(redis_backend)
+
+
+def _index_entries(store: RedisStore, task_id: str) -> set[tuple[str, str, float]]:
+    """Every run index entry that names ``task_id``: (index, member, score)."""
+    client, found = store.client, set()
+    for index in client.scan_iter(match=f"{store.prefix}run:*", count=1000):
+        if ":rec:" in index:
+            continue
+        for member, score in client.zrange(index, 0, -1, withscores=True):
+            if member == task_id or member.endswith(f"\0{task_id}"):
+                found.add((index, member, score))
+    return found
+
+
+def test_the_redis_indexes_follow_the_record_whatever_order_its_events_land_in(
+    redis_backend: RedisStore,
+) -> None:
+    """Each event moves only the index entries whose field moved (its state, or every
+    scored entry when an earlier event moves ``created_at``): on every order of a run's
+    five events, the entries left are those of the final record, and no other."""
+    pre = f"{redis_backend.prefix}run:"
+    try:
+        for number, order in enumerate(itertools.permutations(range(len(LIFE)))):
+            task_id = f"ix-{number}"
+            _play(redis_backend, task_id, order)
+            raw = redis_backend.client.get(f"{pre}rec:{task_id}")
+            doc = json.loads(str(raw))
+            created = float(doc["created_at"])
+            expected = {(f"{pre}all", task_id, created), (f"{pre}ix:task:{TASK}", task_id, created)}
+            if doc["state"] not in redis_runs.UNINDEXED_STATES:
+                expected.add((f"{pre}ix:state:{doc['state']}", task_id, created))
+            if doc.get("queue"):
+                expected.add((f"{pre}ix:queue:{doc['queue']}", task_id, created))
+            for name in ("key", "correlation_id"):
+                expected.add((f"{pre}lex:{name}", f"{doc[name]}\0{task_id}", 0.0))
+            assert _index_entries(redis_backend, task_id) == expected, order
+    finally:
+        _wipe_redis(redis_backend)
