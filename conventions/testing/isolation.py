@@ -20,6 +20,7 @@ goes back as it was and the test's store is closed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ from conventions.schedules import cadence
 from conventions.store import open_store
 from conventions.store.base import Store
 from conventions.testing.clock import VirtualClock
+
+logger = logging.getLogger("conventions.testing")
 
 #: the broker of every test: kombu's in-memory transport
 MEMORY_BROKER = "memory://"
@@ -55,6 +58,45 @@ def forget(app: Any) -> None:
         amqp._producer_pool = None
     app._backend_cache = None
     app._local = threading.local()
+
+
+def close_connections(app: Any) -> None:
+    """Close the connections the app holds to real servers (its broker connection and
+    producer pools, its result backend's client and subscription) before they are
+    forgotten: a pool dropped open is closed by the garbage collector, whenever that
+    runs, with a ``ResourceWarning`` that ``filterwarnings = error`` turns into a failed
+    test run now and then."""
+    amqp = app.__dict__.get("amqp")
+    for pool in (app._pool, amqp._producer_pool if amqp is not None else None):
+        if pool is not None:
+            _quietly(pool.force_close_all)
+    for backend in {id(b): b for b in _backends(app)}.values():
+        _close_backend(backend)
+
+
+def _backends(app: Any) -> list[Any]:
+    """The result backends the app holds for this thread (and its shared one)."""
+    found = [getattr(app._local, "backend", None), app._backend_cache]
+    return [backend for backend in found if backend is not None]
+
+
+def _close_backend(backend: Any) -> None:
+    """Close a Redis result backend's connections: its result consumer's subscription
+    and its client's pool (only what it opened: nothing is made to be closed)."""
+    consumer = backend.__dict__.get("result_consumer")
+    if consumer is not None and hasattr(consumer, "stop"):
+        _quietly(consumer.stop)
+    client = backend.__dict__.get("client")
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        _quietly(pool.disconnect)
+
+
+def _quietly(close: Any) -> None:
+    try:
+        close()
+    except Exception:  # closing what is already gone: nothing to keep
+        logger.debug("could not close %r", close, exc_info=True)
 
 
 def _checked_environment() -> None:

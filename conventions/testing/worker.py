@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from conventions.testing.isolation import empty_redis, forget
+from conventions.testing.isolation import close_connections, empty_redis, forget
 
 
 @contextlib.contextmanager
@@ -92,6 +92,7 @@ def real_worker(
         store = app.__dict__.get("_cc_store")
         if store is not None:
             store.close()
+        close_connections(app)
         conf.update(saved)
         forget(app)
         for url in (broker_url, store_url):
