@@ -116,6 +116,8 @@ from conventions.transport.layout import (
     CONSUMERS,
     INBOX,
     INBOXES,
+    MOVER,
+    MOVER_BELL,
     bell_of,
     server_now,
 )
@@ -142,8 +144,9 @@ IDLE_BLOCK = 5.0
 IDLE_BLOCK_SHARE = 6
 #: seconds without a sign of life after which a consumer's messages are given back
 DEFAULT_RECOVERY_TIMEOUT = 30.0
-#: seconds between two runs of the mover of a consuming channel (sooner when one is due)
-DEFAULT_MOVER_INTERVAL = 1.0
+#: the longest wait (seconds) between two runs of the mover of a queue's turn holder: it
+#: wakes sooner when a member falls due, or at once when a push into the set rings
+DEFAULT_MOVER_INTERVAL = 5.0
 
 
 def consumer_of(inbox: str) -> str:
@@ -383,7 +386,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 if hooked and hook is not None and hook.push_delayed is not None:
                     hook.push_delayed(client, delayed.key_of(queue), due, member)
                 else:
-                    client.zadd(delayed.key_of(queue), {member: due})
+                    delayed.push(client, delayed.key_of(queue), due, member)
             elif hook is not None:
                 hook.push(client, key, dumps(message))
         if hook is not None and hooked:
@@ -613,7 +616,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         tag = envelope.own_tag(payload)  # never the producer's: one record per message
         acked = queue not in self._no_ack.values()
         record = dumps([payload, exchange, routing_key]) if acked else ""
-        keys = [inbox, self.unacked_index_key, self.unacked_key, delayed.key_of(queue)]
+        keys = [inbox, self.unacked_index_key, self.unacked_key, delayed.key_of(queue),
+                MOVER.format(queue=queue), MOVER_BELL.format(queue=queue)]  # fmt: skip
         args = [entry, tag, record, "1" if acked else "0", "" if due is None else repr(due),
                 member, repr(float(self.clock_offset))]  # fmt: skip
         claim = self._claim
