@@ -25,14 +25,19 @@ which do not run kombu's event loop) that:
   ``Channel._do_restore_message``). A keeper sweeps
   only once it has itself been beating without a failure for one beat period: after an
   outage of Redis every live keeper renews before anyone takes it for dead;
-* every ``mover_interval`` seconds (sooner when a member falls due) moves the due
-  messages of its queues' delayed sets (:mod:`conventions.transport.delayed`) whose
-  turn (``_cc.mover.<queue>``) it holds or finds free, taking it inside the mover's
-  script for :attr:`Keeper.turn` seconds; a consumer that holds none looks again every
-  ``recovery_timeout / 6``. So the fleet moves each queue about once a second, not once
-  per consumer; a worker whose slots are all busy still moves; a keeper that stops
-  gives its turns up, and one that dies delays its queues' due jobs once, by the rest
-  of its turn plus one look (about 8 s with the defaults);
+* moves the due messages of its queues' delayed sets
+  (:mod:`conventions.transport.delayed`) whose turn (``_cc.mover.<queue>``) it holds or
+  finds free, taking it inside the mover's script until its planned wake-up plus
+  :attr:`Keeper.turn` seconds; then, holding turns, it sleeps until their sets' next due
+  member, at most ``mover_interval`` (10 s), in one ``BLPOP`` on their mover bells
+  (``_cc.movebell.<queue>``), which every push into a delayed set rings: a countdown
+  published for sooner wakes it at once. A consumer that holds none looks again every
+  ``recovery_timeout / 6``. So the fleet moves each queue when something falls due,
+  not once a second per consumer; a worker whose slots are all busy still moves; a
+  keeper that stops gives its turns up, and one that dies delays its queues' due jobs
+  once, by at most the slack (3 s: a push shortens a longer turn to its member's due
+  time plus it) plus one look (about 8 s with the defaults); its waits end early for
+  its beats and sweeps;
 * after each sweep, kombu's restore of the unacked set, only when the sweep's script
   saw a held message older than the visibility timeout (:data:`DEAD_OR_STALE`).
 
@@ -258,6 +263,7 @@ class Keeper(threading.Thread):
         renew: bool = True,
         scope: str = "",
         wanted: Callable[[], bool] = lambda: True,
+        waiting: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(name=f"cc-keeper-{consumer[:8]}", daemon=True)
         self.consumer, self.client, self.queues, self.inboxes = consumer, client, queues, inboxes
@@ -267,6 +273,9 @@ class Keeper(threading.Thread):
         #: False once the channel is closed: the keeper ends (a closed channel's would
         #: keep a consumer alive whose inboxes nobody fills any more)
         self.wanted = wanted
+        #: the client of its waits on its bells (``client`` when None): one whose read
+        #: timeout outlasts ``mover_interval``
+        self.waiting = waiting or client
         self.period = recovery_timeout / 3
         self.stopping = threading.Event()
         self.since = time()
@@ -311,7 +320,7 @@ class Keeper(threading.Thread):
                     next_sweep = now + self.period
                 moved = self.move()
                 if not moved.turns:  # another consumer moves these queues: look later
-                    pause = max(pause, self.period / 2)
+                    pause = self.period / 2
                 else:  # asleep until the next due member, woken by a push into a set
                     bells = [MOVER_BELL.format(queue=q) for q in moved.held]
                     if moved.next_in is not None:
@@ -336,7 +345,7 @@ class Keeper(threading.Thread):
         set whose turn this keeper holds) or :meth:`stop` rings the keeper's own: one
         ``BLPOP``; without bells, or for a short wait, a wait in this process. Raises
         when Redis does not answer."""
-        client = self.client()
+        client = self.waiting()
         pool = getattr(client, "connection_pool", None)
         socket_timeout = pool.connection_kwargs.get("socket_timeout") if pool else None
         # a blocked read must end before the socket's timeout
