@@ -57,6 +57,9 @@ EMBEDDED = _env.get("CELERY_BROKER_URL", "").startswith("filesystem")
 
 #: workloads -> queues: the light, latency-sensitive lane and the heavy lane
 WORKLOADS = {"email": "email", "light": "email", "heavy": "heavy"}
+#: test only: more queues (comma-separated), one workload each, for a worker of many
+#: queues (the idle-command count on five)
+WORKLOADS.update({q: q for q in (_env.get("CONVENTIONS_TEST_QUEUES") or "").split(",") if q})
 #: hard time limits per workload (seconds); soft limits sit 10% below
 WORKLOAD_TIME_LIMITS = {"email": 60.0, "light": 60.0, "heavy": 1800.0}
 #: a worker that died whole has its jobs running again this long after (seconds); the

@@ -40,10 +40,12 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from bench.report import Report, Row
 from conventions.transport import liveness
 from conventions.transport.layout import CONSUMERS, INBOX, INBOXES
+from conventions.transport.redis import DEFAULT_MOVER_INTERVAL
 
 #: commands only scripts call in these runs: counted once, as the script's EVAL
 INNER = {"zrange", "lmove", "time", "hset", "zadd", "zrem", "lpush", "hget", "hdel",
-         "zscore", "lrem", "zcard", "del", "ltrim"}  # fmt: skip
+         "zscore", "lrem", "zcard", "del", "ltrim", "get", "set", "pexpire", "pttl",
+         "expire"}  # fmt: skip
 FLEETS = (1, 10, 50)
 #: the fetch's longest back-off (the transport's default ``fetch_wait_max``), seconds
 BACKOFF_MAX = 1.0
@@ -175,7 +177,7 @@ def fleet(client: redis.Redis, size: int, seconds: float) -> float:
     keepers = [
         liveness.Keeper(uuid.uuid4().hex, client=lambda: client, queues=lambda: ["email"],
                         inboxes=lambda: {}, restore=lambda: None, unacked_index="unacked_index",
-                        recovery_timeout=30.0, mover_interval=1.0)
+                        recovery_timeout=30.0, mover_interval=DEFAULT_MOVER_INTERVAL)
         for _ in range(size)
     ]  # fmt: skip
     for keeper in keepers:

@@ -38,7 +38,14 @@ class Pauses:
         return store.get_state(self.record(name))
 
     def get_many(self, store: Store, names: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The pause records of those of ``names`` that are paused."""
+        """The pause records of those of ``names`` that are paused: one read on a store
+        that reads many documents at once (Redis: one ``MGET``, one per hash slot on
+        Redis Cluster), else one per name."""
+        names = list(names)
+        many = getattr(store, "get_states", None)
+        if many is not None:
+            records = {self.record(name): name for name in names}
+            return {records[key]: document for key, document in many(list(records)).items()}
         found = ((name, self.get(store, name)) for name in names)
         return {name: document for name, document in found if document is not None}
 

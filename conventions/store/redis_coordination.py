@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import redis
@@ -194,6 +194,18 @@ class RedisCoordination(keys.Scoped):
     def get_state(self, name: str) -> dict[str, Any] | None:
         data = self.client.get(self._state(name))
         return None if data is None else cast(dict[str, Any], json.loads(data))
+
+    def get_states(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The documents of those of ``names`` that exist, in one ``MGET`` (on Redis
+        Cluster, one per hash slot: redis-py's ``mget_nonatomic``)."""
+        wanted = list(names)
+        if not wanted:
+            return {}
+        keys = [self._state(name) for name in wanted]
+        many = getattr(self.client, "mget_nonatomic", None)
+        found = many(keys) if many is not None else self.client.mget(keys)
+        return {name: cast(dict[str, Any], json.loads(data))
+                for name, data in zip(wanted, found, strict=True) if data is not None}  # fmt: skip
 
     def delete_state(self, name: str) -> None:
         self.client.delete(self._state(name))

@@ -33,7 +33,16 @@ from kombu.utils.json import dumps
 
 from conventions.tracing import headers as hdr
 from conventions.transport import scripts
-from conventions.transport.layout import BELL, BELL_CAP, BELL_TTL, DELAYED, MOVER, PRIORITY_SEP
+from conventions.transport.layout import (
+    BELL,
+    BELL_CAP,
+    BELL_TTL,
+    DELAYED,
+    MOVER,
+    MOVER_BELL,
+    PRIORITY_SEP,
+    TURN_SLACK,
+)
 
 #: members a mover moves per call at most: a bounded script, whatever the backlog
 MOVE_LIMIT = 100
@@ -42,12 +51,14 @@ SEP = "\n"
 
 #: KEYS: delayed sets, then as many turns (:data:`~conventions.transport.layout.MOVER`,
 #: one per queue, or none); ARGV: seconds added to the Redis clock (tests: 0), limit,
-#: the mover's id, how long a turn lasts (ms) -> {moved, next due or "", now, turns
-#: held}: due on the Redis clock (``TIME``), never the caller's. A set whose turn another
-#: live mover holds is left to it; a free turn, or the caller's own, is taken (or
-#: renewed) and its set moved. Due members go to the tail of their list (LPUSH: the
-#: fetch takes from the right) oldest first, each ringing its queue's bell (an idle
-#: consumer of several queues wakes).
+#: the mover's id, the turn's slack (ms), the mover's longest wait (ms; 0: none) ->
+#: {moved, next due or "", now, turns held, the indexes of the sets held}: due on the
+#: Redis clock (``TIME``), never the caller's. A set whose turn another live mover holds
+#: is left to it; a free turn, or the caller's own, is taken (or renewed) and its set
+#: moved; the turn then lasts until the set's next due member (at most the longest
+#: wait) plus the slack: the holder wakes by then. Due members go to the tail of their
+#: list (LPUSH: the fetch takes from the right) oldest first, each ringing its queue's
+#: bell (an idle consumer of several queues wakes).
 _BELL_PREFIX = BELL.split("{", 1)[0]
 _LUA_PRIORITY_SEP = "".join(f"\\{ord(c)}" for c in PRIORITY_SEP)
 MOVE = (
@@ -70,6 +81,8 @@ local moved = 0
 local nextdue = nil
 local sets = #KEYS
 local held = 0
+local which = {}
+local wait = tonumber(ARGV[5] or '0')
 if #ARGV >= 4 then sets = #KEYS / 2 end
 for i = 1, sets do
   local mine = true
@@ -78,8 +91,9 @@ for i = 1, sets do
     local holder = redis.call('GET', turn)
     mine = (not holder) or holder == ARGV[3]
     if mine then
-      redis.call('SET', turn, ARGV[3], 'PX', tonumber(ARGV[4]))
+      redis.call('SET', turn, ARGV[3], 'PX', tonumber(ARGV[4]) + wait)
       held = held + 1
+      which[#which + 1] = i
     end
   end
   if mine and left > 0 then
@@ -99,9 +113,15 @@ for i = 1, sets do
   if first[2] then
     local score = tonumber(first[2])
     if nextdue == nil or score < nextdue then nextdue = score end
+    if mine and sets < #KEYS and wait > 0 then
+      local until_due = math.max(0, math.floor((score - tonumber(now)) * 1000))
+      if until_due < wait then
+        redis.call('PEXPIRE', KEYS[sets + i], tonumber(ARGV[4]) + until_due)
+      end
+    end
   end
 end
-return {moved, nextdue and string.format('%.6f', nextdue) or '', now, held}
+return {moved, nextdue and string.format('%.6f', nextdue) or '', now, held, which}
 """
 )
 
@@ -117,6 +137,8 @@ class Moved:
     now: float = 0.0
     #: the queues whose mover's turn the caller holds (all of them without turns)
     turns: int = 0
+    #: those queues
+    held: tuple[str, ...] = ()
 
     @property
     def next_in(self) -> float | None:
@@ -170,23 +192,64 @@ def move(
     *,
     mover: str | None = None,
     turn: float = 0.0,
+    wait: float = 0.0,
 ) -> Moved:
     """Run the mover (``script``: :data:`MOVE` registered on ``client``) over the delayed
     sets of ``queues``, on the Redis clock plus ``offset`` seconds (tests only). With a
     ``mover`` id, only the sets whose turn is free or its own, taking each for ``turn``
-    seconds; without, all of them."""
+    seconds past the mover's next wake-up: its set's next due member, at most ``wait``
+    seconds away (0: ``turn`` seconds from now); without, all of them."""
     if not queues:
         return Moved(0, None)
     keys = [key_of(q) for q in queues]
     args: list[Any] = [repr(float(offset)), limit]
     if mover is not None:
         keys += [MOVER.format(queue=q) for q in queues]
-        args += [mover, max(1, round(turn * 1000))]
+        args += [mover, max(1, round(turn * 1000)), max(0, round(wait * 1000))]
     reply = script(keys=keys, args=args, client=client)
     moved, next_due, now = reply[:3]
     text = next_due.decode() if isinstance(next_due, bytes) else str(next_due or "")
-    turns = int(reply[3]) if mover is not None and len(reply) > 3 else len(queues)
-    return Moved(int(moved), float(text) if text else None, float(now), turns)
+    if mover is None or len(reply) <= 3:
+        return Moved(int(moved), float(text) if text else None, float(now), len(queues),
+                     tuple(queues))  # fmt: skip
+    held = tuple(queues[int(i) - 1] for i in (reply[4] if len(reply) > 4 else []))
+    return Moved(int(moved), float(text) if text else None, float(now), int(reply[3]), held)
+
+
+#: KEYS: delayed set, its queue's turn, its queue's mover bell; ARGV: due (Unix s),
+#: member, the turn's slack (ms) -> 1. Adds the member, and wakes the turn's holder
+#: (asleep until the set's former next due member): one token at most. A turn that would
+#: outlast the new member's due time by more than the slack is shortened to it: a holder
+#: that died lapses in time for another consumer to move the member.
+PUSH = (
+    f"""
+local bell_ttl = {BELL_TTL}
+"""
+    + """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local by = math.max(0, math.floor((tonumber(ARGV[1]) - now) * 1000)) + tonumber(ARGV[3])
+if redis.call('PTTL', KEYS[2]) > by then redis.call('PEXPIRE', KEYS[2], by) end
+redis.call('LPUSH', KEYS[3], '1')
+redis.call('LTRIM', KEYS[3], 0, 0)
+redis.call('EXPIRE', KEYS[3], bell_ttl)
+return 1
+"""
+)
+
+
+def queue_of_set(delayed_set: str) -> str:
+    """The queue whose delayed set is ``delayed_set``."""
+    return delayed_set.removeprefix(DELAYED.format(queue=""))
+
+
+def push(client: Any, delayed_set: str, due: float, member: str) -> None:
+    """Add ``member`` to ``delayed_set``, due at ``due`` (:data:`PUSH`: one command)."""
+    queue = queue_of_set(delayed_set)
+    keys = [delayed_set, MOVER.format(queue=queue), MOVER_BELL.format(queue=queue)]
+    scripts.call(client, PUSH, len(keys), *keys, repr(float(due)), member,
+                 round(TURN_SLACK * 1000))  # fmt: skip
 
 
 #: KEYS: turns; ARGV: mover id -> turns given up (those it held)

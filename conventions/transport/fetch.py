@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from redis.exceptions import ResponseError
 
+from conventions.transport.layout import BELL_TTL, TURN_SLACK
+
 #: KEYS: sources..., inboxes..., bells...; ARGV: number of sources -> {index, entry}
 #: from the first non-empty source, or nil, when the bells of these (all empty) lists
 #: are deleted: every token in them announced a message already taken
@@ -43,16 +45,28 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 1
 """
-#: KEYS: inbox, unacked index, unacked, delayed set; ARGV: entry, tag, record, "1" to
-#: record it as unacked ("0": a no-ack consumer's, nothing will ack it), due ("" none),
-#: delayed member, seconds added to the Redis clock for the due time (tests) -> 1 claimed,
-#: 2 deferred (not yet due on the Redis clock: it waits in the delayed set), 0 gone
-CLAIM = """
+#: KEYS: inbox, unacked index, unacked, delayed set, its queue's turn and mover bell;
+#: ARGV: entry, tag, record, "1" to record it as unacked ("0": a no-ack consumer's,
+#: nothing will ack it), due ("" none), delayed member, seconds added to the Redis clock
+#: for the due time (tests) -> 1 claimed, 2 deferred (not yet due on the Redis clock: it
+#: waits in the delayed set, and the turn's holder is woken as by
+#: :data:`conventions.transport.delayed.PUSH`), 0 gone
+CLAIM = (
+    f"""
+local slack = {round(TURN_SLACK * 1000)}
+local bell_ttl = {BELL_TTL}
+"""
+    + """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 if ARGV[5] ~= '' and tonumber(ARGV[5]) > now + tonumber(ARGV[7]) then
   redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+  local by = math.max(0, math.floor((tonumber(ARGV[5]) - now) * 1000)) + slack
+  if redis.call('PTTL', KEYS[5]) > by then redis.call('PEXPIRE', KEYS[5], by) end
+  redis.call('LPUSH', KEYS[6], '1')
+  redis.call('LTRIM', KEYS[6], 0, 0)
+  redis.call('EXPIRE', KEYS[6], bell_ttl)
   return 2
 end
 if ARGV[4] == '1' then
@@ -61,6 +75,7 @@ if ARGV[4] == '1' then
 end
 return 1
 """
+)
 #: CLAIM for an entry over the size cap (dead-lettered at once, never deferred), named by
 #: its size and sha1 rather than sent back whole; KEYS as CLAIM's; ARGV: size, sha1, tag,
 #: record, "1" to record it -> 1 claimed, 0 gone

@@ -22,9 +22,14 @@ commands each, never on a job's path.
 * ``_cc.inboxes``: hash of every inbox (field) and the list it was filled from (value);
   ``_cc.inbox.<consumer>:<list>`` is one inbox.
 * ``_cc.mover.<queue>``: string, the id of the consumer whose turn it is to move the
-  queue's delayed set (:mod:`conventions.transport.delayed`), expiring (``PX``) a few
-  mover intervals after its last move: one consumer of a queue moves it each second,
-  the others only look whether the turn is free, about every ``recovery_timeout / 6``.
+  queue's delayed set (:mod:`conventions.transport.delayed`), expiring (``PX``)
+  :data:`TURN_SLACK` seconds after the holder's planned wake-up (its set's next due
+  member, or its longest wait): one consumer of a queue moves it, the others only look
+  whether the turn is free, about every ``recovery_timeout / 6``.
+* ``_cc.movebell.<queue>``: list of at most one token, rung by every push into the
+  queue's delayed set: the turn's holder, asleep until its next due member, waits on it
+  (``BLPOP``) and moves again at once. ``_cc.keeperwake.<consumer>``: rung by a
+  stopping keeper to end its own wait.
 * ``_cc.bell.<queue>``: list of tokens (``"1"``), one pushed with each message the
   layer publishes, moves when due, gives back from a dead consumer's inbox or restores
   into the queue's lists (at most :data:`BELL_CAP`, gone
@@ -50,6 +55,15 @@ INBOXES = "_cc.inboxes"
 INBOX = "_cc.inbox.{consumer}:{source}"
 BELL = "_cc.bell.{queue}"
 MOVER = "_cc.mover.{queue}"
+#: rung (one token at most) by every push into ``queue``'s delayed set: the holder of its
+#: turn, asleep until its next due member, wakes and moves again
+MOVER_BELL = "_cc.movebell.{queue}"
+#: rung by a keeper's ``stop``: its own wait ends at once
+KEEPER_WAKE = "_cc.keeperwake.{consumer}"
+#: seconds a mover's turn outlives its planned wake-up (its next due member, or its
+#: longest wait): a live mover renews it first; a dead one's lapses this long after a
+#: member falls due (a push into the set shortens a longer turn to it)
+TURN_SLACK = 3.0
 #: tokens a bell holds at most: how many idle consumers one burst wakes at once
 BELL_CAP = 100
 #: seconds a bell lives after its last ring: a token nobody popped by then announced a

@@ -25,14 +25,19 @@ which do not run kombu's event loop) that:
   ``Channel._do_restore_message``). A keeper sweeps
   only once it has itself been beating without a failure for one beat period: after an
   outage of Redis every live keeper renews before anyone takes it for dead;
-* every ``mover_interval`` seconds (sooner when a member falls due) moves the due
-  messages of its queues' delayed sets (:mod:`conventions.transport.delayed`) whose
-  turn (``_cc.mover.<queue>``) it holds or finds free, taking it inside the mover's
-  script for :attr:`Keeper.turn` seconds; a consumer that holds none looks again every
-  ``recovery_timeout / 6``. So the fleet moves each queue about once a second, not once
-  per consumer; a worker whose slots are all busy still moves; a keeper that stops
-  gives its turns up, and one that dies delays its queues' due jobs once, by the rest
-  of its turn plus one look (about 8 s with the defaults);
+* moves the due messages of its queues' delayed sets
+  (:mod:`conventions.transport.delayed`) whose turn (``_cc.mover.<queue>``) it holds or
+  finds free, taking it inside the mover's script until its planned wake-up plus
+  :attr:`Keeper.turn` seconds; then, holding turns, it sleeps until their sets' next due
+  member, at most ``mover_interval`` (10 s), in one ``BLPOP`` on their mover bells
+  (``_cc.movebell.<queue>``), which every push into a delayed set rings: a countdown
+  published for sooner wakes it at once. A consumer that holds none looks again every
+  ``recovery_timeout / 6``. So the fleet moves each queue when something falls due,
+  not once a second per consumer; a worker whose slots are all busy still moves; a
+  keeper that stops gives its turns up, and one that dies delays its queues' due jobs
+  once, by at most the slack (3 s: a push shortens a longer turn to its member's due
+  time plus it) plus one look (about 8 s with the defaults); its waits end early for
+  its beats and sweeps;
 * after each sweep, kombu's restore of the unacked set, only when the sweep's script
   saw a held message older than the visibility timeout (:data:`DEAD_OR_STALE`).
 
@@ -68,6 +73,9 @@ from conventions.transport.layout import (
     DEAD_SINCE,
     INBOX,
     INBOXES,
+    KEEPER_WAKE,
+    MOVER_BELL,
+    TURN_SLACK,
     bell_of,
 )
 
@@ -75,10 +83,15 @@ logger = logging.getLogger("conventions.transport.liveness")
 
 #: dead consumers one sweep gives back at most
 DEAD_PER_SWEEP = 20
-#: a mover's turn lasts this many of its intervals past each move, and at least
-#: ``TURN_MIN`` seconds (:meth:`Keeper.turn`)
+#: a mover's turn outlasts its planned wake-up by this many of its intervals, at least
+#: ``TURN_MIN`` seconds and at most :data:`~conventions.transport.layout.TURN_SLACK`
+#: (:meth:`Keeper.turn`)
 TURN_MOVES = 3
 TURN_MIN = 1.0
+#: seconds a keeper waits before trying Redis again after a failed call
+RETRY = 1.0
+#: a keeper's waits shorter than this (seconds) are not sent to Redis as a ``BLPOP``
+BLOCK_MIN = 0.05
 #: the delivery tags this process holds unacknowledged, by the unacked index they are in
 #: (server, database and key: a process may consume from more than one broker), each with
 #: the number of its claim; on any channel of that index: a channel closed by a
@@ -250,6 +263,7 @@ class Keeper(threading.Thread):
         renew: bool = True,
         scope: str = "",
         wanted: Callable[[], bool] = lambda: True,
+        waiting: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(name=f"cc-keeper-{consumer[:8]}", daemon=True)
         self.consumer, self.client, self.queues, self.inboxes = consumer, client, queues, inboxes
@@ -259,6 +273,9 @@ class Keeper(threading.Thread):
         #: False once the channel is closed: the keeper ends (a closed channel's would
         #: keep a consumer alive whose inboxes nobody fills any more)
         self.wanted = wanted
+        #: the client of its waits on its bells (``client`` when None): one whose read
+        #: timeout outlasts ``mover_interval``
+        self.waiting = waiting or client
         self.period = recovery_timeout / 3
         self.stopping = threading.Event()
         self.since = time()
@@ -273,6 +290,11 @@ class Keeper(threading.Thread):
 
     def stop(self, wait: float = 2.0) -> None:
         self.stopping.set()
+        try:  # end its wait on its bells now
+            wake = KEEPER_WAKE.format(consumer=self.consumer)
+            self.client().pipeline(transaction=False).lpush(wake, "1").expire(wake, 10).execute()
+        except Exception:  # Redis is gone: the wait ends by itself
+            logger.debug("keeper of %s: could not wake it", self.consumer, exc_info=True)
         if self.is_alive() and threading.current_thread() is not self:
             self.join(wait)
         try:  # another consumer of these queues moves them at its next look
@@ -284,8 +306,8 @@ class Keeper(threading.Thread):
     def run(self) -> None:
         next_beat = next_sweep = 0.0
         while not self.stopping.is_set() and self.wanted():
-            pause = self.mover_interval
             try:
+                pause, bells = self.mover_interval, list[str]()
                 now = monotonic()
                 if now >= next_beat:
                     self.beat()
@@ -298,11 +320,16 @@ class Keeper(threading.Thread):
                     next_sweep = now + self.period
                 moved = self.move()
                 if not moved.turns:  # another consumer moves these queues: look later
-                    pause = max(pause, self.period / 2)
-                elif moved.next_in is not None:
-                    pause = min(pause, max(0.01, moved.next_in))
+                    pause = self.period / 2
+                else:  # asleep until the next due member, woken by a push into a set
+                    bells = [MOVER_BELL.format(queue=q) for q in moved.held]
+                    if moved.next_in is not None:
+                        pause = min(pause, max(0.01, moved.next_in))
                 if moved.moved >= delayed.MOVE_LIMIT:
                     pause = 0.0  # a backlog: the next batch at once
+                pause = min(pause, max(0.0, min(next_beat, next_sweep) - monotonic()))
+                self.wait(pause, bells)
+                continue
             except Exception as exc:
                 if self._healthy_since is not None or not self.failures:
                     logger.warning("keeper of consumer %s: Redis does not answer (%s); "
@@ -311,7 +338,23 @@ class Keeper(threading.Thread):
                 self.failures += 1
                 logger.debug("keeper of %s: Redis call failed", self.consumer, exc_info=True)
                 next_beat = 0.0  # renew first once Redis answers again
+            self.stopping.wait(min(self.mover_interval, RETRY))
+
+    def wait(self, pause: float, bells: list[str]) -> None:
+        """Wait ``pause`` seconds, or until one of ``bells`` rings (a push into a delayed
+        set whose turn this keeper holds) or :meth:`stop` rings the keeper's own: one
+        ``BLPOP``; without bells, or for a short wait, a wait in this process. Raises
+        when Redis does not answer."""
+        client = self.waiting()
+        pool = getattr(client, "connection_pool", None)
+        socket_timeout = pool.connection_kwargs.get("socket_timeout") if pool else None
+        # a blocked read must end before the socket's timeout
+        pause_on_server = min(pause, float(socket_timeout) - 0.5) if socket_timeout else pause
+        if not bells or pause_on_server < BLOCK_MIN or self.stopping.is_set():
             self.stopping.wait(pause)
+            return
+        client.blpop([*bells, KEEPER_WAKE.format(consumer=self.consumer)],
+                     timeout=round(pause_on_server, 3))  # fmt: skip
 
     def beat(self) -> int:
         """One renewal: alive, described, inboxes registered, held messages fresh;
@@ -357,11 +400,14 @@ class Keeper(threading.Thread):
         if self._mover is None or self._mover.registered_client is not client:
             self._mover = client.register_script(delayed.MOVE)
         return delayed.move(client, self._mover, self.queues(), self.clock_offset,
-                            mover=self.consumer, turn=self.turn)  # fmt: skip
+                            mover=self.consumer, turn=self.turn,
+                            wait=self.mover_interval)  # fmt: skip
 
     @property
     def turn(self) -> float:
-        """How long this consumer's turn at moving its queues lasts past each move: a
-        few of its intervals, so a busy or paused keeper keeps it, and a dead one's
-        lapses within about a second or two."""
-        return max(TURN_MOVES * self.mover_interval, TURN_MIN)
+        """How long this consumer's turn at moving its queues outlasts its planned
+        wake-up (its sets' next due member, or ``mover_interval``): a few of its
+        intervals, at least ``TURN_MIN`` and at most ``TURN_SLACK`` seconds, so a busy
+        or paused keeper keeps it, and a dead one's lapses within a few seconds of a
+        member falling due."""
+        return min(max(TURN_MOVES * self.mover_interval, TURN_MIN), TURN_SLACK)

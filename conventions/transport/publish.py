@@ -48,6 +48,7 @@ from conventions.store.outages import UNREACHABLE, unreachable
 from conventions.store.records import AuditEvent
 from conventions.store.redis import RedisStore
 from conventions.tracing.scrubbing import scrub_text
+from conventions.transport import delayed
 from conventions.transport import redis as broker
 
 
@@ -141,7 +142,7 @@ def hook(  # noqa: PLR0917
         pushed.tried = True
 
         def add() -> None:
-            client.zadd(delayed_set, {member: due})
+            delayed.push(client, delayed_set, due, member)
 
         _reserve_then_push(redis_store, add, key, task_id, ttl, audit, fingerprint)
 

@@ -116,6 +116,8 @@ from conventions.transport.layout import (
     CONSUMERS,
     INBOX,
     INBOXES,
+    MOVER,
+    MOVER_BELL,
     bell_of,
     server_now,
 )
@@ -142,8 +144,9 @@ IDLE_BLOCK = 5.0
 IDLE_BLOCK_SHARE = 6
 #: seconds without a sign of life after which a consumer's messages are given back
 DEFAULT_RECOVERY_TIMEOUT = 30.0
-#: seconds between two runs of the mover of a consuming channel (sooner when one is due)
-DEFAULT_MOVER_INTERVAL = 1.0
+#: the longest wait (seconds) between two runs of the mover of a queue's turn holder: it
+#: wakes sooner when a member falls due, or at once when a push into the set rings
+DEFAULT_MOVER_INTERVAL = 10.0
 
 
 def consumer_of(inbox: str) -> str:
@@ -277,6 +280,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self._live_at = -math.inf
         self._sent: tuple[str, list[str]] = ("", [])
         self._sync_client: Any = None
+        #: the keeper's client for its waits on its bells, and the pool it was made for
+        self._waiting: tuple[Any, Any] = (None, None)
         self._guarded: Any = None
         self.keeper: liveness.Keeper | None = None
         #: the queues a no-ack consumer reads, by consumer tag
@@ -332,6 +337,25 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             client = self._sync_client = super()._create_client()
         return client
 
+    def _waiting_client(self) -> Any:
+        """The keeper's client for its waits on its bells (a ``BLPOP`` of up to
+        ``mover_interval``): a pool of its own, whose read timeout outlasts the wait by
+        the profile's socket timeout (one connection, idle but for that wait)."""
+        pool = self.pool
+        client, made_for = self._waiting
+        if client is None or made_for is not pool:
+            if client is not None:
+                client.connection_pool.disconnect()
+            saved: Any = getattr(self, "socket_timeout", None)
+            if saved:
+                self.socket_timeout = float(saved) + float(self.mover_interval)
+            try:
+                client = self.Client(connection_pool=self._get_pool())
+            finally:
+                self.socket_timeout = saved
+            self._waiting = (client, pool)
+        return client
+
     def _publishing_client(self) -> Any:
         """The client a publish goes through: with ``min_replicas``, one whose pushes
         and scripts wait for the replicas in the same round trip (one per pool)."""
@@ -383,7 +407,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 if hooked and hook is not None and hook.push_delayed is not None:
                     hook.push_delayed(client, delayed.key_of(queue), due, member)
                 else:
-                    client.zadd(delayed.key_of(queue), {member: due})
+                    delayed.push(client, delayed.key_of(queue), due, member)
             elif hook is not None:
                 hook.push(client, key, dumps(message))
         if hook is not None and hooked:
@@ -438,6 +462,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             renew=bool(self.renew_unacked),
             scope=self.held_scope,
             wanted=lambda: not self.closed,
+            waiting=self._waiting_client,
         )  # fmt: skip
         self.keeper.start()
 
@@ -613,7 +638,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         tag = envelope.own_tag(payload)  # never the producer's: one record per message
         acked = queue not in self._no_ack.values()
         record = dumps([payload, exchange, routing_key]) if acked else ""
-        keys = [inbox, self.unacked_index_key, self.unacked_key, delayed.key_of(queue)]
+        keys = [inbox, self.unacked_index_key, self.unacked_key, delayed.key_of(queue),
+                MOVER.format(queue=queue), MOVER_BELL.format(queue=queue)]  # fmt: skip
         args = [entry, tag, record, "1" if acked else "0", "" if due is None else repr(due),
                 member, repr(float(self.clock_offset))]  # fmt: skip
         claim = self._claim
@@ -656,6 +682,9 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                     client.zadd(CONSUMERS, {self.consumer_id: 0})
             except Exception:  # the broker is gone: its score lapses by itself
                 logger.debug("could not retire consumer %s", self.consumer_id, exc_info=True)
+        waiting, self._waiting = self._waiting[0], (None, None)
+        if waiting is not None:
+            waiting.connection_pool.disconnect()
         super().close()
 
 

@@ -147,9 +147,9 @@ def test_a_job_given_back_from_a_dead_consumers_inbox_rings_the_bell_of_its_queu
                     monitor, broker.bell_of(queues[1].name), "0.4"), every=0)  # fmt: skip
                 given = liveness.give_back_dead(broker_redis, "a-sweeper", grace=30)
                 # the idle consumer's own keeper sweeps too: one of the two gave it back
-                assert given == 1 or (
-                    broker_redis.zscore(CONSUMERS, dead) is None and broker_redis.llen(inbox) == 0
-                ), given
+                # (a give-back that moved a message keeps the consumer registered: it is
+                # forgotten only once its inboxes stayed empty for the grace)
+                assert given == 1 or broker_redis.llen(inbox) == 0, given
                 wait_for(lambda: drain() and len(got) > n, every=0)  # noqa: B023
             if channel.taken_on_ring:
                 break

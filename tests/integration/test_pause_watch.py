@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 
 from conventions.ops import pauses
 from conventions.worker import queue_pauses
@@ -70,3 +71,26 @@ def test_a_resume_reaches_a_worker_left_out_of_the_pause_document(
         app.control.add_consumer("email", destination=[host], reply=True, timeout=10)
     trail = app.store.audit_for("queue:email")
     assert [e.detail["workers"] for e in trail if e.event == "queue_resumed"] == [[host], []]
+
+
+def test_a_look_reads_the_pause_documents_of_every_own_queue_in_one_command(
+    clean_store: redis.Redis,
+) -> None:
+    """An idle worker looks every few seconds: one ``MGET`` whatever its queues, not a
+    ``GET`` per queue (the idle cost grew with the queues); a paused one is still seen."""
+    names = [f"q{n}" for n in range(5)]
+    paused_by = {"actor": "olivia@ops", "at": "-", "reason": "outage", "workers": []}
+    for name in ("q1", "q3"):
+        app.store.put_state(pauses.QUEUES.record(name), {"queue": name, **paused_by}, None)
+    pauses.QUEUES.get_many(app.store, names)  # the store's client connected
+
+    def sent() -> dict[str, int]:
+        stats = clean_store.info("commandstats")
+        return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+                for name in ("get", "mget")}  # fmt: skip
+
+    before = sent()
+    found = pauses.QUEUES.get_many(app.store, names)
+    after = sent()
+    assert sorted(found) == ["q1", "q3"] and found["q3"]["queue"] == "q3"
+    assert (after["get"] - before["get"], after["mget"] - before["mget"]) == (0, 1)

@@ -164,3 +164,14 @@ def test_the_doctor_names_a_cluster_master_that_evicts_keys(
     finally:
         node.config_set("maxmemory-policy", "noeviction")
         node.close()
+
+
+def test_state_documents_on_several_slots_are_read_together(store: RedisStore) -> None:
+    """The pause watch's read of its queues' documents (one ``MGET`` per hash slot)."""
+    names = [f"queue:paused:q{n}" for n in range(12)]
+    for name in names[::2]:
+        store.put_state(name, {"name": name}, None)
+    slots = {store.client.keyslot(store._state(name)) for name in names}
+    assert len(slots) > 1  # the documents spread over the cluster
+    found = store.get_states(names)
+    assert found == {name: {"name": name} for name in names[::2]}
