@@ -33,6 +33,10 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from conventions.errors import BackendUnavailable
 
+#: redis-py's ``Sentinel``, called untyped: its signature is typed from redis-py 8.2 on
+#: (untyped before), and the socket options reach it as one dict
+_SENTINEL: Any = Sentinel
+
 #: the URL schemes of a Sentinel broker or store
 SCHEMES = ("sentinel://", "sentinels://")
 #: the port of a sentinel named without one
@@ -151,9 +155,7 @@ def client_from_url(url: str, *, socket_timeout: float, backend: str = "store") 
     parsed = parse(url)
     if not parsed.master_name:
         raise ValueError("a sentinel:// store URL needs ?master_name=<the monitored group>")
-    manager: Any = Sentinel(  # type: ignore[no-untyped-call]
-        list(parsed.sentinels), sentinel_kwargs=dict(timeouts), **timeouts
-    )
+    manager: Any = _SENTINEL(list(parsed.sentinels), sentinel_kwargs=dict(timeouts), **timeouts)
     master: Replicated = manager.master_for(
         parsed.master_name, redis_class=Replicated, db=parsed.db, username=parsed.username,
         password=parsed.password, decode_responses=True, ssl=parsed.tls,
@@ -173,7 +175,7 @@ def broker_client(url: str, options: Any = None, **kwargs: Any) -> redis.Redis:
     if not name:
         raise ValueError("a sentinel:// broker needs broker_transport_options['master_name']")
     timeouts = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
-    manager: Any = Sentinel(  # type: ignore[no-untyped-call]
+    manager: Any = _SENTINEL(
         list(parsed.sentinels), sentinel_kwargs=(options or {}).get("sentinel_kwargs") or timeouts
     )
     client: GroupClient = manager.master_for(
