@@ -27,8 +27,9 @@ from conventions.store.redis_runs import RUN
 #: same ones is kept without them, and the reader fills them in. The two caps bound the
 #: trail's size (0: no cap). A trail longer than max events keeps its newest ones (the
 #: first event that leaned on a dropped one gets its job fields back); beyond max trails,
-#: the trails idle longest are dropped, at most two per event (a lowered cap is reached
-#: gradually, and one event never runs long).
+#: the trails idle longest are dropped, at most two per event that starts a trail (a
+#: lowered cap is reached gradually, as new trails come, and one event never runs long;
+#: an event of a trail already indexed cannot grow the index, so it reads no count).
 AUDIT = (
     RUN
     + """
@@ -99,9 +100,10 @@ local function record_audit()
     trim(trail, max_events, length)
   end
   redis.call('EXPIRE', trail, ARGV[n - 6])
-  redis.call('ZADD', by_time, 'GT', ARGV[n - 5], id)
+  -- only a new trail can take the index past its cap (ZADD answers how many it added)
+  local added = redis.call('ZADD', by_time, 'GT', ARGV[n - 5], id)
   local max_trails = tonumber(ARGV[n])
-  if max_trails > 0 then
+  if max_trails > 0 and added > 0 then
     for _ = 1, 2 do
       if redis.call('ZCARD', by_time) <= max_trails then break end
       local oldest = redis.call('ZPOPMIN', by_time)

@@ -116,7 +116,10 @@ local function server_ms()
 end
 local function find_done(first, count, field, now_ms)
   for i = first, first + count - 1 do
-    local value = redis.call('HGET', KEYS[i], field)
+    -- a bucket whose day has ended holds no live entry (each expires within its day):
+    -- not read
+    local ended = (bucket_day(KEYS[i]) + 1) * DAY_MS <= now_ms
+    local value = not ended and redis.call('HGET', KEYS[i], field)
     if value then
       local expiry = bucket_day(KEYS[i]) * DAY_MS + tonumber(string.sub(value, 1, 5), 36) * 10
       if expiry > now_ms then

@@ -18,7 +18,10 @@ def with_result(script: str) -> str:
     (:mod:`conventions.results.redis`): the ledger step and the result's ``SET`` and
     ``PUBLISH`` (what Celery's Redis backend sends) in one round trip. As Celery's
     backend does (with a ``GET`` before each write), a stored SUCCESS is never
-    overwritten; here the script reads it, so the write costs no round trip of its own.
+    overwritten; here a write with an expiry reads what it replaced (``SET ... GET``) and
+    puts a SUCCESS back in the same script, so the rule costs no command of its own (a
+    SUCCESS put back gets the write's expiry: the result's full lifetime from then); a
+    write without an expiry reads first.
 
     Runs on the store's connection. KEYS[1] is the result key; ARGV[1..4] are the result,
     its ttl in seconds ('' for none), the store's database and the results' (``SELECT``
@@ -39,19 +42,26 @@ local answer = (function()
 end)()
 if results_db ~= store_db then redis.call('SELECT', results_db) end
 -- Celery's rule, kept here instead of a read before the write: a SUCCESS is never
--- overwritten (a late STARTED of a redelivered copy, say)
-local current = redis.call('GET', result_key)
+-- overwritten (a late STARTED of a redelivered copy, say). A write with an expiry (the
+-- usual one) answers what it replaced (SET GET: one command, where a GET first was two)
+-- and puts a SUCCESS it replaced back at once, inside this script, so no reader ever
+-- sees the other value; one without reads first (a SUCCESS put back would lose its own)
+local current
+local wrote = result_ttl ~= ''
+if wrote then
+  current = redis.call('SET', result_key, result, 'EX', result_ttl, 'GET')
+else
+  current = redis.call('GET', result_key)
+end
 local readable, meta = false, nil
 -- a value without the word SUCCESS is no SUCCESS: decoded only when it may be one
 if current and string.find(current, 'SUCCESS', 1, true) then
   readable, meta = pcall(cjson.decode, current)
 end
-if not (readable and type(meta) == 'table' and meta['status'] == 'SUCCESS') then
-  if result_ttl == '' then
-    redis.call('SET', result_key, result)
-  else
-    redis.call('SET', result_key, result, 'EX', result_ttl)
-  end
+if readable and type(meta) == 'table' and meta['status'] == 'SUCCESS' then
+  if wrote then redis.call('SET', result_key, current, 'EX', result_ttl) end
+else
+  if not wrote then redis.call('SET', result_key, result) end
   redis.call('PUBLISH', result_key, result)
 end
 if results_db ~= store_db then redis.call('SELECT', store_db) end

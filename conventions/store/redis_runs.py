@@ -12,7 +12,8 @@ Each record is written by :data:`RUN`, a Lua function the audit script calls wit
 change its event carries (the audit script's last ARGV, '' for none): no round trip of
 its own. The size is bounded: a record holds at most ``MAX_ATTEMPTS`` attempts and
 ``runs_max_logs`` lines, and beyond ``runs_max`` runs the oldest are dropped (at most
-two per event), so no record needs a TTL; retention purges by age
+two per new run: an update cannot grow the index, so it reads no count), so no record
+needs a TTL; retention purges by age
 (:meth:`RedisRuns.purge_runs`). About :data:`RUN_BYTES` per run.
 """
 
@@ -209,7 +210,7 @@ local function record_run(raw)
     end
   end
   redis.call('SET', key, cjson.encode(doc))
-  if p.max > 0 then
+  if p.max > 0 and had == nil then  -- only a new record takes the index past its cap
     for _ = 1, 2 do
       if redis.call('ZCARD', p.pre .. 'all') <= p.max then break end
       local oldest = redis.call('ZRANGE', p.pre .. 'all', 0, 0)

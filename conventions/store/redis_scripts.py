@@ -18,15 +18,16 @@ from conventions.store.redis_done import LUA as DONE
 #: it is this job's (taken now, with the audit event recorded, or already).
 _TAKE_RESERVATION = """
 local function take_reservation(print_key, fingerprint)
-  local holder = redis.call('GET', KEYS[1])
+  -- one command takes the key or reads its holder (SET NX GET, Redis 7.0)
+  local holder
+  if ARGV[2] == '' then
+    holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET')
+  else
+    holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'PX', ARGV[2])
+  end
   if holder then
     if holder == ARGV[1] then return false end
     return {holder, redis.call('GET', print_key) or ''}
-  end
-  if ARGV[2] == '' then
-    redis.call('SET', KEYS[1], ARGV[1])
-  else
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   end
   if fingerprint == '' then
     redis.call('DEL', print_key)
@@ -103,7 +104,7 @@ end
 if entry[1] == 'running' then
   return {'held', entry[2], false, 0}
 end
-redis.call('DEL', KEYS[1])
+if entry[1] then redis.call('DEL', KEYS[1]) end  -- another state's fields: not kept
 redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local count = redis.call('INCR', KEYS[2])
@@ -154,12 +155,14 @@ local target = done_bucket(5, buckets, now_ms + tonumber(ARGV[3]))
 local done = find_done(target, 1, ARGV[8], now_ms)
 if done and done[1] == string.sub(ARGV[1], 1, OWNER_CHARS) then return 0 end  -- a replay
 local recorded = 0
+local drop = {}  -- the ledger entry (when done is recorded) and the delivery counter
 if not done and (entry[1] == false or (entry[1] == 'running' and entry[2] == ARGV[1])) then
-  redis.call('DEL', KEYS[1])
+  if entry[1] then drop[1] = KEYS[1] end
   write_done(5, buckets, ARGV[8], now_ms, tonumber(ARGV[3]), ARGV[1], ARGV[6], ARGV[2])
   recorded = 1
 end
-if KEYS[4] ~= KEYS[1] then redis.call('DEL', KEYS[4]) end
+if KEYS[4] ~= KEYS[1] then drop[#drop + 1] = KEYS[4] end
+if #drop > 0 then redis.call('DEL', unpack(drop)) end  -- one command for both
 """
     + _UNRESERVE
     + "record_audit()\nreturn recorded\n"

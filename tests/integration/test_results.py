@@ -59,6 +59,9 @@ def test_the_test_setup_rides_the_result_writes() -> None:
 
 
 def test_started_and_success_ride_the_claim_and_the_completion(call_id: str) -> None:
+    # a job first, so that the worker's scripts are loaded (on a fresh server, a NOSCRIPT
+    # reply is followed by the same EVALSHA again)
+    support_jobs.echo.delay(call_id=f"{call_id}-warm").get(timeout=30)
     correlation = f"corr-{call_id}"
     with Monitor() as monitor, bind(correlation_id=correlation):
         handle = support_jobs.echo.delay(call_id=call_id)
@@ -69,10 +72,9 @@ def test_started_and_success_ride_the_claim_and_the_completion(call_id: str) -> 
         "EVALSHA",
         "EVALSHA",
     ], sent
-    # each script reads the stored state (a SUCCESS is never overwritten), then writes
-    assert sorted(monitor.scripted(meta(handle.id))) == [
-        "GET", "GET", "PUBLISH", "PUBLISH", "SET", "SET"
-    ]  # fmt: skip
+    # each script writes once, reading what it replaced (SET GET: a SUCCESS is never
+    # overwritten), and publishes it
+    assert sorted(monitor.scripted(meta(handle.id))) == ["PUBLISH", "PUBLISH", "SET", "SET"]
     assert events(correlation) == ["published", "started", "succeeded"]
     assert is_done(f"echo:{call_id}")
 
@@ -94,18 +96,27 @@ def test_neither_the_delay_nor_the_worker_reads_or_subscribes_and_a_later_get_fi
     assert "SUBSCRIBE" in monitor.top_level(meta(handle.id))
 
 
+@pytest.mark.parametrize(("ttl", "commands"), [(None, ["GET"]), (3600, ["SET", "SET"])])
 def test_a_riding_started_write_never_overwrites_a_stored_success(
-    call_id: str, broker_redis: redis.Redis
+    call_id: str, broker_redis: redis.Redis, ttl: int | None, commands: list[str]
 ) -> None:
     handle = support_jobs.echo.delay(call_id=call_id)
     assert handle.get(timeout=30)["key"] == f"echo:{call_id}"
     stored = broker_redis.get(meta(handle.id))
     # a redelivered copy of the finished job: its claim carries a STARTED write
-    started = ResultWrite(meta(handle.id), '{"status": "STARTED"}', None, BROKER_DB)
+    started = ResultWrite(meta(handle.id), '{"status": "STARTED"}', ttl, BROKER_DB)
+    lifetime = broker_redis.ttl(meta(handle.id))
     key = f"testing.echo:echo:{call_id}"
-    claim = app.store.claim(key, "copy", 5, f"copy-{call_id}", result=started)
+    with Monitor() as monitor:
+        claim = app.store.claim(key, "copy", 5, f"copy-{call_id}", result=started)
     assert claim.status is ClaimStatus.DONE
     assert broker_redis.get(meta(handle.id)) == stored
+    # with an expiry, the write met the SUCCESS (SET GET) and put it back in the same
+    # script; without, it read first; neither announced anything
+    assert monitor.scripted(meta(handle.id)) == commands
+    # put back, the SUCCESS lasts as the write would have; read first, as it did
+    expected = lifetime if ttl is None else ttl
+    assert 0 < expected - 5 <= broker_redis.ttl(meta(handle.id)) <= expected
 
 
 def test_a_job_whose_result_is_ignored_completes_on_its_own(
