@@ -108,6 +108,32 @@ def test_the_events_of_one_job_keep_its_job_fields_once_and_read_back_whole(
     assert store.audit_for("corr-job") == [*written, other]
 
 
+def test_jobs_interleaved_in_a_trail_and_an_older_releases_event_order_read_back_whole(
+    store: RedisStore,
+) -> None:
+    store = RedisStore(store.client, prefix=store.prefix)  # no caps: six events kept
+    trail = keys.audit("corr-mix", store.prefix)
+    # an event as 0.1.0 wrote it (its fields in another order): passed over, never leaned on
+    older = _event("corr-mix", "published", 0, task_id="job-0")
+    store.client.rpush(trail, json.dumps(older.to_compact(), separators=(",", ":")))
+    written = [
+        _event("corr-mix", "started", 1, task_id="job-0"),
+        _event("corr-mix", "published", 2, task_id="job-1"),
+        _event("corr-mix", "started", 3, task_id="job-0"),
+        dataclasses.replace(_event("corr-mix", "started", 4, task_id="job-1"), task="other.v1"),
+        dataclasses.replace(_event("corr-mix", "succeeded", 5, task_id="job-1"), task="other.v1"),
+    ]
+    for event in written:
+        store.add_audit(event)
+    raw = [json.loads(e) for e in store.client.lrange(trail, 0, -1)]
+    # job-0's first new event keeps its fields (the older one is not compared), the
+    # second leans on it across job-1's; job-1's other task is kept whole, and its next
+    # event is short against that one
+    assert ["t" in event for event in raw] == [True, True, True, False, True, False]
+    assert store.audit_for("corr-mix") == [older, *written]
+    assert store.audit_for("corr-mix")[-1].task == "other.v1"
+
+
 def test_trimming_a_trail_gives_the_next_event_of_a_job_the_fields_it_leaned_on(
     store: RedisStore,
 ) -> None:
