@@ -192,6 +192,39 @@ def fleet_sweep(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: the configurations of ``bench.store_instructions``, as a table names them
+STORE_CONFIGS = {
+    "full": "as profiled (audit events and run history)",
+    "no_runs": "run history off (`conventions_runs_enabled = False`)",
+    "neither": "no audit event, no run history",
+}
+
+
+def store_instructions(data: dict[str, Any]) -> list[str]:
+    """Per configuration of the Redis store's scripts, per job: instructions (callgrind)
+    and commands run inside the scripts, by step, and each against the full one."""
+    configs = data["configs"]
+    full = sum(step["instructions"] for step in configs["full"].values())
+    lines = [
+        caption(data).removesuffix("._") + f", {data['jobs']} jobs; instruction counts "
+        "do not depend on the load._",
+        "",
+        "| store scripts | publish | claim | complete | per job | against the full profile "
+        "| commands in scripts per job (publish + claim + complete) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]  # fmt: skip
+    for name, steps in configs.items():
+        total = sum(step["instructions"] for step in steps.values())
+        commands = " + ".join(f"{step['commands']:g}" for step in steps.values())
+        lines.append(
+            f"| {STORE_CONFIGS.get(name, name)} | {steps['publish']['instructions']:,.0f} "
+            f"| {steps['claim']['instructions']:,.0f} | {steps['complete']['instructions']:,.0f} "
+            f"| {total:,.0f} | {total / full:.2f}x "
+            f"| {commands} = {sum(step['commands'] for step in steps.values()):g} |"
+        )
+    return lines
+
+
 #: the tables of this module a docs marker may name (:mod:`bench.docs` adds them)
 TABLES = {
     "scale-cluster-shards": cluster_shards,
@@ -200,4 +233,5 @@ TABLES = {
     "scale-rabbit-replication": rabbit_replication,
     "fleet-idle": fleet_idle,
     "fleet-sweep": fleet_sweep,
+    "store-instructions": store_instructions,
 }
