@@ -31,7 +31,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
@@ -54,31 +54,38 @@ SEED = 32
 
 
 @contextlib.contextmanager
-def own_redis() -> Iterator[redis.Redis]:
-    """A throwaway ``redis-server`` on a free port."""
+def own_redis(
+    wrap: Sequence[str] = (), args: Sequence[str] = (), timeout: float = 10, **client: Any
+) -> Iterator[redis.Redis]:
+    """A throwaway ``redis-server`` on a free port. ``wrap``: a command it runs under
+    (``valgrind ...``; ``{port}`` in it is the server's port), ``args``: more of its
+    options, ``timeout``: how long it may take to answer, ``client``: the client's options.
+    The server's pid (under ``wrap`` too) is its ``INFO server`` ``process_id``."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no"], stdout=subprocess.DEVNULL,
+        [*(part.replace("{port}", str(port)) for part in wrap),
+         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL if wrap else None,  # valgrind's
     )  # fmt: skip
-    client = redis.Redis(port=port)
+    connection = redis.Redis(port=port, **client)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                client.ping()
+                connection.ping()
                 break
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        yield client
+        yield connection
     finally:
-        client.close()
+        connection.close()
         proc.terminate()
-        proc.wait(10)
+        proc.wait(max(10, timeout))
 
 
 def calls(client: redis.Redis) -> int:

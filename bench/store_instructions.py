@@ -16,8 +16,9 @@ small encoding): the publish (``reserve_and_push``: the reservation,
 its audit event and run change, kombu's ``LPUSH`` of a 1.5 KB message and the queue's
 bell), the claim (with its audit event, run change and Celery's STARTED write) and the
 completion (the same, with the SUCCESS write and the delivery counter). Each step's
-counters are zeroed before it and dumped after it (``callgrind_control``), for all jobs,
-so the figures are per step and per job. The broker's fetch, ack and Celery's events are
+counters are zeroed before it and dumped after it (``callgrind_control``, as
+:mod:`bench.cluster_instructions` does), for all jobs, so the figures are per step and
+per job. The broker's fetch, ack and Celery's events are
 not here (``bench.scale`` counts the whole path); nor is a real worker: what is counted
 is the store's scripts alone.
 """
@@ -28,11 +29,8 @@ import argparse
 import collections
 import json
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,8 @@ from typing import Any
 import redis
 
 from bench import results, tables_scale
-from bench.cluster_instructions import summary
+from bench.cluster_instructions import dump, valgrind, zero
+from bench.idle import own_redis
 from conventions.observability import audit
 from conventions.store import RedisStore
 from conventions.store.redis_results import ResultWrite
@@ -53,12 +52,6 @@ STEPS = ("publish", "claim", "complete")
 WAVE = 4
 #: jobs run before the count
 WARM_UP = 150
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _result(task_id: str, status: str) -> str:
@@ -140,107 +133,69 @@ class Job:
         )
 
 
-def _control(pid: int, *args: str) -> None:
-    subprocess.run(
-        ["callgrind_control", *args, str(pid)], check=True, capture_output=True, timeout=120
-    )
-
-
 def _calls(client: redis.Redis) -> dict[str, int]:
     stats = client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
-def run(jobs: int, config: str = "full", keep: Path | None = None) -> dict[str, Any]:
-    """Instructions and commands per job, per step, of one of :data:`CONFIGS` (``keep``:
-    each step's callgrind file copied there, for ``callgrind_annotate``)."""
+def run(jobs: int, config: str = "full") -> dict[str, Any]:
+    """Instructions and commands per job, per step, of one of :data:`CONFIGS`."""
     audited, runs_on = CONFIGS[config]
     folder = Path(tempfile.mkdtemp(prefix="cc-store-instr-"))
-    port = _port()
-    server = subprocess.Popen(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-line=no",
-            "--compress-strings=no",
-            f"--callgrind-out-file={folder}/callgrind.out",
-            "redis-server",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--hz",
-            "1",
-            "--dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port, decode_responses=True, socket_timeout=120)
     try:
-        for _ in range(600):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
-        store = RedisStore(client, prefix="cc:", runs_enabled=runs_on)
-        # warm-up: every script loaded, and the fleet-wide indexes past Redis's small
-        # encoding (128 members), as any store in use has them
-        for job in [Job(store, audited) for _ in range(WARM_UP)]:
-            job.publish(), job.claim(), job.complete()
-        batch = [Job(store, audited) for _ in range(jobs)]
-        totals = {step: {"instructions": 0, "calls": collections.Counter()} for step in STEPS}
-        # the publishes first (a backlog), then claims and completions in waves of
-        # WAVE jobs, as a worker's slots run them: the running index stays as small as
-        # a worker keeps it (a sorted set's cost grows with its size)
-        waves = [("publish", batch)] + [
-            (step, batch[i : i + WAVE]) for i in range(0, jobs, WAVE) for step in STEPS[1:]
-        ]
-
-        def window(step: str, wave: list[Job]) -> int:
-            """The instructions Redis ran between a zero and a dump around ``wave``."""
-            _control(server.pid, "--zero")
-            for job in wave:
-                getattr(job, step)()
-            for dump in folder.glob("callgrind.out*"):
-                dump.unlink()
-            _control(server.pid, "--dump")
-            text = "".join(p.read_text() for p in folder.glob("callgrind.out*"))
-            if keep is not None and wave:
-                keep.mkdir(parents=True, exist_ok=True)
-                with (keep / f"{step}.callgrind").open("a") as out:
-                    out.write(text)
-            return summary(text)
-
-        # what a window costs with no job in it (the server's cron while valgrind runs
-        # the control calls): taken out of each window
-        empty = sorted(window("publish", []) for _ in range(5))[2]
-        for step, wave in waves:
-            before = _calls(client)
-            totals[step]["instructions"] += window(step, wave) - empty
-            after = _calls(client)
-            totals[step]["calls"].update(
-                {name: after[name] - before.get(name, 0) for name in after if name != "info"}
-            )
-        rows: dict[str, Any] = {}
-        for step, total in totals.items():
-            calls = total["calls"]
-            rows[step] = {
-                "instructions": total["instructions"] / jobs,
-                "commands": sum(n for name, n in calls.items() if name not in ("evalsha", "eval"))
-                / jobs,
-                "by_command": {name: n / jobs for name, n in sorted(calls.items()) if n},
-            }
-        return rows
+        with own_redis(valgrind(folder), ["--hz", "1", "--dir", str(folder)], timeout=120,
+                       decode_responses=True, socket_timeout=120) as client:  # fmt: skip
+            return _count(client, folder, jobs, audited, runs_on)
     finally:
-        server.terminate()
-        server.wait(60)
-        client.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _count(
+    client: redis.Redis, folder: Path, jobs: int, audited: bool, runs_on: bool
+) -> dict[str, Any]:
+    port = int(client.connection_pool.connection_kwargs["port"])
+    pid = int(client.info("server")["process_id"])
+    store = RedisStore(client, prefix="cc:", runs_enabled=runs_on)
+    # warm-up: every script loaded, and the fleet-wide indexes past Redis's small
+    # encoding (128 members), as any store in use has them
+    for job in [Job(store, audited) for _ in range(WARM_UP)]:
+        job.publish(), job.claim(), job.complete()
+    batch = [Job(store, audited) for _ in range(jobs)]
+    # the publishes first (a backlog), then claims and completions in waves of WAVE jobs,
+    # as a worker's slots run them: the running index stays as small as a worker keeps it
+    # (a sorted set's cost grows with its size)
+    waves = [("publish", batch)] + [
+        (step, batch[i : i + WAVE]) for i in range(0, jobs, WAVE) for step in STEPS[1:]
+    ]
+
+    def window(step: str, wave: list[Job]) -> int:
+        """The instructions Redis ran between a zero and a dump around ``wave``."""
+        zero(pid)
+        for job in wave:
+            getattr(job, step)()
+        return dump(folder, port, pid)
+
+    # what a window costs with no job in it (the server's cron while valgrind runs the
+    # control calls): taken out of each window
+    empty = sorted(window("publish", []) for _ in range(5))[2]
+    instructions: collections.Counter[str] = collections.Counter()
+    calls: dict[str, collections.Counter[str]] = {step: collections.Counter() for step in STEPS}
+    for step, wave in waves:
+        before = _calls(client)
+        instructions[step] += window(step, wave) - empty
+        after = _calls(client)
+        calls[step].update(
+            {name: after[name] - before.get(name, 0) for name in after if name != "info"}
+        )
+    return {
+        step: {
+            "instructions": instructions[step] / jobs,
+            "commands": sum(n for name, n in calls[step].items() if name not in ("evalsha", "eval"))
+            / jobs,
+            "by_command": {name: n / jobs for name, n in sorted(calls[step].items()) if n},
+        }
+        for step in STEPS
+    }
 
 
 def measure(jobs: int, command: str) -> dict[str, Any]:
@@ -258,13 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--out", type=Path, help="also write the result file here")
-    parser.add_argument(
-        "--keep", type=Path, help="one run of the full configuration, its callgrind files kept here"
-    )
     args = parser.parse_args(argv)
-    if args.keep is not None:
-        run(args.jobs, "full", args.keep)
-        return 0
     command = f"python -m bench.store_instructions --jobs {args.jobs}"
     if args.out:
         command += f" --out {args.out}"

@@ -60,7 +60,7 @@ def test_one_jobs_life_sends_only_the_commands_it_needs(store: RedisStore) -> No
         started_event = audit.event("started", TASK, job, head, attempt=1)
         store.claim(key, "owner-1", 30, "delivery-1", audit=started_event, result=started)
     claim = _scripted(monitor, store.prefix)
-    claim_result = [c[0].upper() for c in _all_scripted(monitor) if result_key in " ".join(c)]
+    claim_result = monitor.scripted(result_key)
     with Monitor() as monitor:
         store.complete(key, "owner-1", "succeeded", 3600, job,
                        audit=audit.event("succeeded", TASK, job, head, attempt=1),
@@ -84,7 +84,3 @@ def test_one_jobs_life_sends_only_the_commands_it_needs(store: RedisStore) -> No
     assert any(c[0].upper() == "DEL" and len(c) == 3 for c in complete), complete
     # the STARTED write reads what it replaced in the same SET (no GET of its own)
     assert claim_result == ["SET", "PUBLISH"]
-
-
-def _all_scripted(monitor: Monitor) -> list[list[str]]:
-    return [line["command"].split() for line in monitor.lines if line.get("client_type") == "lua"]
