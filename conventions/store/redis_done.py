@@ -115,11 +115,14 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function find_done(first, count, field, now_ms)
-  for i = first, first + count - 1 do
-    -- a bucket whose day has ended holds no live entry (each expires within its day):
-    -- not read
-    local ended = (bucket_day(KEYS[i]) + 1) * DAY_MS <= now_ms
-    local value = not ended and redis.call('HGET', KEYS[i], field)
+  local last = first + count - 1
+  for i = first, last do
+    -- the last bucket (the oldest: yesterday's for a reader's clock) may be of a day that
+    -- has ended, and so hold no live entry (each expires within its day): then not read.
+    -- Only it is checked (the others' days go on, but for a reader's clock far behind,
+    -- whose read finds their entries expired anyway)
+    local value = (i < last or (bucket_day(KEYS[i]) + 1) * DAY_MS > now_ms)
+      and redis.call('HGET', KEYS[i], field)
     if value then
       local expiry = bucket_day(KEYS[i]) * DAY_MS + tonumber(string.sub(value, 1, 5), 36) * 10
       if expiry > now_ms then
