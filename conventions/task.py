@@ -239,12 +239,16 @@ class ConventionTask(Task):  # type: ignore[misc]
             self.store, task_id, key if self.dedup is not None else None, self._dedup_ttl(),
             published, fingerprint,
         )  # fmt: skip
+        if self.app.conf.task_send_sent_event:  # the event goes in the push's script
+            pushed.with_event = True
+            options.setdefault("event_dispatcher", onetrip.sent_events(self.app))
         try:
             with onetrip.bounded(self.app.conf, "broker"), broker.pushing_through(pushed):
                 result = super().apply_async(
                     (), data, task_id, *celery_args, headers=headers,
                     kwargsrepr=_kwargsrepr(data, headers), **{READY: True}, **options,
                 )  # fmt: skip
+                pushed.flush()  # its event went another way: pushed now
         except onetrip.Deduplicated as duplicate:
             onetrip.forget(self.app, task_id)
             return self._duplicate_of(duplicate.holder, headers, key, fingerprint)

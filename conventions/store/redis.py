@@ -21,6 +21,7 @@ answer the plain prefix: the same names, the same single round trip.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, cast
 
@@ -167,12 +168,15 @@ class RedisStore(RedisRecords, RedisCoordination):
         audit: AuditEvent | None,
         fingerprint: str | None = None,
         bell: tuple[str, int, int] | None = None,
+        events: Sequence[tuple[str, str]] = (),
     ) -> Holder | None:
         """:meth:`reserve` and kombu's ``LPUSH`` in one script on ``broker``'s connection
         (a client of the same server, any database): the holder when ``key`` is taken by
         another job (nothing is pushed), else None. ``key=None``: no reservation, the
         audit event and the push only. ``bell``: the queue's bell, its cap and ttl, rung with
-        the push (the transport's, which wakes an idle consumer of several queues)."""
+        the push (the transport's, which wakes an idle consumer of several queues).
+        ``events``: (channel, payload) published after the push (the job's ``task-sent``
+        event, :mod:`conventions.transport.hook`)."""
         p = self._scope(key)
         audit_keys, audit_args = self._audit_parts(audit, p)
         dedup = keys.dedup(key, p) if key is not None else queue_list
@@ -182,7 +186,8 @@ class RedisStore(RedisRecords, RedisCoordination):
             args=[
                 job_id, "" if ttl is None else _ms(ttl), "0" if key is None else "1",
                 self.database, database_of(broker), message, fingerprint or "",
-                bell[1] if bell else 0, bell[2] if bell else 0, *audit_args,
+                bell[1] if bell else 0, bell[2] if bell else 0,
+                len(events), *(part for event in events for part in event), *audit_args,
             ],
             client=broker,
         )  # fmt: skip

@@ -59,10 +59,12 @@ return 0
 #: when the two databases differ, so a server that refuses it works with one database).
 #: With a bell cap above 0 it also rings the queue's bell (a token, the bell capped and
 #: expiring), which wakes an idle consumer of several queues
-#: (:mod:`conventions.transport.layout`). KEYS: dedup, the queue's list, print, bell,
-#: audit keys. ARGV: job id, ttl ms or '', reserve ('1' or '0'), store db, broker db,
-#: message, fingerprint or '', bell cap ('0': no ring), bell ttl s, audit args. Returns
-#: {holder, its fingerprint} (nothing pushed) or false.
+#: (:mod:`conventions.transport.layout`), and publishes the fanout messages it is given
+#: (the job's ``task-sent`` event: :mod:`conventions.transport.hook`). KEYS: dedup, the
+#: queue's list, print, bell, audit keys. ARGV: job id, ttl ms or '', reserve ('1' or
+#: '0'), store db, broker db, message, fingerprint or '', bell cap ('0': no ring), bell
+#: ttl s, how many publishes, each its channel and payload, audit args. Returns {holder,
+#: its fingerprint} (nothing pushed, nothing published) or false.
 RESERVE_PUSH = (
     AUDIT
     + _TAKE_RESERVATION
@@ -80,6 +82,7 @@ if cap > 0 then
   redis.call('LTRIM', KEYS[4], 0, cap - 1)
   redis.call('EXPIRE', KEYS[4], ARGV[9])
 end
+for i = 11, 10 + 2 * tonumber(ARGV[10]), 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
 return false
 """
 )

@@ -36,7 +36,7 @@ then pushes, the two-step path inside the publish, so the reservation and the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -116,13 +116,17 @@ def hook(  # noqa: PLR0917
 
     redis_store = cast(RedisStore, store)  # eligible() checked it
 
-    def push(client: Any, queue_list: str, message: str) -> None:
+    def push(client: Any, queue_list: str, message: str, events: Sequence[tuple[str, str]]) -> None:
         pushed.tried = True
         if not _publishes_to_store(redis_store, client):
-            _reserve_then_push(
-                redis_store, lambda: broker.push_and_ring(client, queue_list, message), key,
-                task_id, ttl, audit, fingerprint,
-            )  # fmt: skip
+
+            def send() -> None:
+                broker.push_and_ring(client, queue_list, message)
+                with contextlib.suppress(*UNREACHABLE):  # pushed: only the event lost
+                    for channel, payload in events:
+                        client.publish(channel, payload)
+
+            _reserve_then_push(redis_store, send, key, task_id, ttl, audit, fingerprint)
             return
         holder = redis_store.reserve_and_push(
             client,
@@ -134,6 +138,7 @@ def hook(  # noqa: PLR0917
             audit,
             fingerprint,
             bell=(broker.bell_of(queue_list), broker.BELL_CAP, broker.BELL_TTL),
+            events=events,
         )
         if holder is not None:
             raise Deduplicated(holder)
@@ -148,6 +153,19 @@ def hook(  # noqa: PLR0917
 
     pushed = Push(task_id, push, push_delayed=push_delayed)
     return pushed
+
+
+def sent_events(app: Any) -> Any:
+    """The event dispatcher of the one-trip publishes (``send_task_message``'s
+    ``event_dispatcher``; Celery's own buffers a ``task-sent`` it could not publish and
+    goes on): the push runs inside the event's publish, so its failure, or a
+    :class:`Deduplicated`, must reach the caller. Celery's app-wide settings and clock,
+    as its own; one per app."""
+    found = app.__dict__.get("_cc_sent_events")
+    if found is None:
+        found = app.events.Dispatcher(enabled=False, buffer_while_offline=False)
+        app.__dict__["_cc_sent_events"] = found
+    return found
 
 
 @dataclass

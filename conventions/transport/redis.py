@@ -131,6 +131,8 @@ __all__ = [
 logger = logging.getLogger("conventions.transport.redis")
 
 BELL_PREFIX = BELL.split("{", 1)[0]
+#: the routing key of Celery's ``task-sent`` event (its type, dots for dashes)
+SENT_EVENT = "task.sent"
 _PUSH_RING_SHA = hashlib.sha1(PUSH_RING.encode(), usedforsecurity=False).hexdigest()
 #: seconds a consumer reading several lists first blocks on one of them (doubled while
 #: the consumer stays idle, up to ``fetch_wait_max``)
@@ -395,6 +397,11 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             message = {**message, "headers": {k: v for k, v in headers.items()
                                               if k != hdr.DUE}}  # fmt: skip
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        if hooked and hook is not None and hook.with_event and (due is None or due <= self.now()):
+            # kept for the task-sent event Celery publishes next (_put_fanout): one script
+            # pushes the message and publishes the event
+            hook.pending = self._push_later(hook, key, dumps(message))
+            return
         if not hooked and (due is None or due <= self.now()):
             # kombu's LPUSH and the queue's bell in one command (with min_replicas, the
             # WAIT in its round trip)
@@ -409,9 +416,34 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 else:
                     delayed.push(client, delayed.key_of(queue), due, member)
             elif hook is not None:
-                hook.push(client, key, dumps(message))
+                hook.push(client, key, dumps(message), ())
         if hook is not None and hooked:
             hook.ran = True
+
+    def _push_later(self, hook: PushHook, key: str, body: str) -> Any:
+        """The push of ``body`` into ``key`` through ``hook``, run with the fanout
+        publishes it is given (a retry of the event's publish runs it again)."""
+
+        def pending(events: Any) -> None:
+            with self.conn_or_acquire(self._publishing_client()) as client:
+                hook.push(client, key, body, events)
+
+        return pending
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str,
+                    **kwargs: Any) -> None:  # fmt: skip
+        """kombu's ``PUBLISH`` of a fanout message; the ``task-sent`` event of a task
+        whose push waits for it (:attr:`PushHook.pending`) goes in the push's script."""
+        hook = _HOOK.get()
+        if (hook is None or hook.pending is None or routing_key != SENT_EVENT
+                or kwargs.get("_publish_batch") is not None):  # fmt: skip
+            super()._put_fanout(exchange, message, routing_key, **kwargs)
+            return
+        payload = dumps(message)
+        topics = self._get_publish_topics(exchange, routing_key)
+        hook.pending([(topic, payload) for topic in topics])
+        hook.pending = None
+        hook.ran = True
 
     def _do_restore_message(
         self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False

@@ -92,6 +92,34 @@ def publish_foreign(
     return task_id
 
 
+class Events:
+    """The task events a real Celery event receiver gets (what Flower reads)."""
+
+    def __init__(self) -> None:
+        from tasks import app
+
+        self.seen: list[dict[str, Any]] = []
+        self._connection = app.connection()
+        self.receiver = app.events.Receiver(self._connection, handlers={"*": self.seen.append})
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with contextlib.suppress(Exception):  # the connection closed under it: stopped
+            self.receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def of(self, task_id: str, kind: str) -> list[dict[str, Any]]:
+        return [e for e in list(self.seen) if e.get("uuid") == task_id and e["type"] == kind]
+
+    def __enter__(self) -> Events:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.receiver.should_stop = True
+        self._thread.join(10)
+        self._connection.release()
+
+
 class Monitor:
     """The commands the Redis server runs while the block runs (``MONITOR``)."""
 

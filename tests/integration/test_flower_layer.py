@@ -6,12 +6,10 @@ turns on, a dead letter's category and id in the task's traceback, and the Broke
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,7 +28,7 @@ from tests.acceptance import support_lifecycle as lifecycle
 from tests.fixtures import ROOT
 from tests.integration import support_metrics
 from tests.integration.exporter import free_port
-from tests.integration.helpers import dead_letter_of, publish_foreign, wait_for
+from tests.integration.helpers import Events, dead_letter_of, publish_foreign, wait_for
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 
@@ -118,34 +116,6 @@ def _warm_up(url: str) -> None:
     """Flower answers before its event consumer is connected: wait until it saw a job."""
     handle = support_metrics.metered.delay(item_id="flower_warm_up")
     wait_for(lambda: _task(url, handle.id, "SUCCESS"), timeout=30, every=0.5)
-
-
-class Events:
-    """The task events a real Celery event receiver gets (what Flower reads)."""
-
-    def __init__(self) -> None:
-        from tasks import app
-
-        self.seen: list[dict[str, Any]] = []
-        self._connection = app.connection()
-        self.receiver = app.events.Receiver(self._connection, handlers={"*": self.seen.append})
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with contextlib.suppress(Exception):  # the connection closed under it: stopped
-            self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def of(self, task_id: str, kind: str) -> list[dict[str, Any]]:
-        return [e for e in list(self.seen) if e.get("uuid") == task_id and e["type"] == kind]
-
-    def __enter__(self) -> Events:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.receiver.should_stop = True
-        self._thread.join(10)
-        self._connection.release()
 
 
 def test_a_retried_job_keeps_its_correlation_id_in_the_kwargs_flower_shows(

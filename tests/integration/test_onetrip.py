@@ -8,8 +8,12 @@ separate reservation.
 
 from __future__ import annotations
 
+import base64
+import json
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -20,6 +24,7 @@ from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from tasks import app
 from tasks.receipts import send_receipt
+from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.integration.helpers import Monitor
 
 pytestmark = pytest.mark.usefixtures("clean_store")
@@ -61,6 +66,79 @@ def test_a_delay_rings_its_queues_bell_in_the_same_script(order_id: str) -> None
     assert monitor.top_level(order_id) == ["EVALSHA"]
     assert monitor.top_level(bell) == ["EVALSHA"]  # the same script: no command of its own
     assert monitor.scripted(bell) == ["LPUSH", "LTRIM", "EXPIRE"]
+
+
+class SentEvents:
+    """The ``task-sent`` events published while the block runs, decoded (a subscriber
+    of the server's own: subscribed before the block, as Flower is)."""
+
+    def __init__(self) -> None:
+        self.client = redis.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}")
+        self.pubsub = self.client.pubsub()
+
+    def __enter__(self) -> SentEvents:
+        self.pubsub.psubscribe("*celeryev/task.sent")
+        assert self.pubsub.get_message(timeout=5)["type"] == "psubscribe"  # type: ignore[index]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.pubsub.close()
+        self.client.close()
+
+    def received(self, settle: float = 0.5) -> list[dict[str, Any]]:
+        """Every event received until none came for ``settle`` seconds."""
+        found, deadline = [], time.monotonic() + settle
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.1)
+            if message and message["type"] == "pmessage":
+                envelope = json.loads(message["data"])
+                found.append(json.loads(base64.b64decode(envelope["body"])))
+                deadline = time.monotonic() + settle
+        return found
+
+
+def test_a_delays_task_sent_event_is_published_by_its_push_script(order_id: str) -> None:
+    """Celery publishes the message, then its ``task-sent`` event, a round trip each; the
+    push waits for the event and publishes it in its script: the whole ``.delay()`` is one
+    round trip, and the event is Celery's own (its fields, the queue, the clock)."""
+    with SentEvents() as events, Monitor() as monitor:
+        handle = send_receipt.delay(order_id=order_id)
+        sent = events.received()
+    assert [(e["type"], e["uuid"]) for e in sent] == [("task-sent", handle.id)]
+    event = sent[0]
+    assert event["name"] == send_receipt.name and order_id in event["kwargs"]
+    assert (event["queue"], event["routing_key"]) == ("email", "email")
+    assert isinstance(event["clock"], int) and event["hostname"]
+    assert monitor.top_level("celeryev") == ["EVALSHA"]  # no PUBLISH of its own
+    assert monitor.scripted("celeryev") == ["PUBLISH"]
+    assert monitor.top_level(order_id) == ["EVALSHA"]
+
+
+def test_a_duplicate_sends_no_task_sent_event(order_id: str) -> None:
+    first = send_receipt.delay(order_id=order_id)
+    with SentEvents() as events:
+        second = send_receipt.delay(order_id=order_id)
+        assert events.received() == []
+    assert isinstance(second, DuplicateResult) and second.id == first.id
+
+
+class Silent:
+    """An event dispatcher that publishes nothing (``event_dispatcher=`` of a publish):
+    the event never reaches the transport, as when it goes through another channel."""
+
+    def publish(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def test_a_push_whose_event_never_comes_is_pushed_after_the_publish(
+    broker_redis: redis.Redis, order_id: str
+) -> None:
+    before = broker_redis.llen("email")
+    with SentEvents() as events:
+        handle = send_receipt.apply_async(kwargs={"order_id": order_id}, event_dispatcher=Silent())
+        assert events.received() == []
+    assert broker_redis.llen("email") == before + 1
+    assert app.store.reserve(f"email.send_receipt:receipt:{order_id}", "x", 60) == handle.id
 
 
 def test_a_duplicate_pushes_nothing_and_answers_the_holder(
