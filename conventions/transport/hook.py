@@ -32,13 +32,14 @@ class PushHook:
     push_delayed: Callable[[Any, str, float, str], None] | None = None
     #: keep the push for the task's ``task-sent`` event (Celery sends one)
     with_event: bool = False
-    #: the push kept for the event: ``pending(events)`` runs it
-    pending: Callable[[Sequence[tuple[str, str]]], None] | None = None
+    #: the push kept for the event: ``pending(channel, events)`` runs it on ``channel``
+    #: (None: the one that kept it)
+    pending: Callable[[Any, Sequence[tuple[str, str]]], None] | None = None
 
     def flush(self) -> None:
         """Run the push still kept (its event went elsewhere, or never came)."""
         if self.pending is not None:
-            self.pending(())
+            self.pending(None, ())
             self.pending = None
             self.ran = True
 

@@ -421,11 +421,13 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             hook.ran = True
 
     def _push_later(self, hook: PushHook, key: str, body: str) -> Any:
-        """The push of ``body`` into ``key`` through ``hook``, run with the fanout
-        publishes it is given (a retry of the event's publish runs it again)."""
+        """The push of ``body`` into ``key`` through ``hook``, run on the channel that
+        publishes the event (a retry after a lost connection publishes on a revived
+        one), else on this one, with the fanout publishes it is given."""
 
-        def pending(events: Any) -> None:
-            with self.conn_or_acquire(self._publishing_client()) as client:
+        def pending(channel: Channel | None, events: Any) -> None:
+            on = channel or self
+            with on.conn_or_acquire(on._publishing_client()) as client:
                 hook.push(client, key, body, events)
 
         return pending
@@ -441,7 +443,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             return
         payload = dumps(message)
         topics = self._get_publish_topics(exchange, routing_key)
-        hook.pending([(topic, payload) for topic in topics])
+        hook.pending(self, [(topic, payload) for topic in topics])
         hook.pending = None
         hook.ran = True
 

@@ -12,6 +12,7 @@ asserted: the timeout mark guards against a hang, and the elapsed time is printe
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -177,3 +178,26 @@ def test_a_broker_that_never_answers_fails_the_publish_after_the_publish_timeout
     assert _held_by(STORE, call_id) is None
     assert task_id not in _queued(broker)
     _published_again(job, call_id, broker, STORE)
+
+
+def test_a_one_trip_publish_after_its_redis_restarted_pushes_once_with_its_event(
+    spare: SpareRedis, publishers: list[App]
+) -> None:
+    """The push waits for the task-sent event and runs inside its publish: with every
+    pooled connection dead (the server restarted under them), the publish still pushes
+    the message once and publishes its event once."""
+    url = f"redis://127.0.0.1:{spare.port}/0"
+    job = _publisher(publishers, url, url, url)
+    job.apply_async(kwargs={"call_id": f"w{uuid.uuid4().hex[:8]}"})  # the pools are made
+    spare.stop()
+    spare.start()
+    with redis.Redis.from_url(url) as client, client.pubsub() as events:
+        events.psubscribe("*celeryev/task.sent")
+        assert events.get_message(timeout=5)["type"] == "psubscribe"  # type: ignore[index]
+        handle = job.apply_async(kwargs={"call_id": f"r{uuid.uuid4().hex[:8]}"})
+        sent = []
+        while (message := events.get_message(timeout=1)) is not None:
+            if message["type"] == "pmessage":
+                sent.append(json.loads(base64.b64decode(json.loads(message["data"])["body"])))
+    assert _queued(url).count(handle.id) == 1
+    assert [event["uuid"] for event in sent] == [handle.id]
