@@ -137,9 +137,13 @@ def test_a_sweeper_whose_clock_runs_20s_ahead_does_not_give_back_a_job_a_live_wo
             wait_for(lambda: beats.after(claimed) >= 3, timeout=30)
             assert received(workers) == 1, "the job was delivered again while it ran"
             assert broker.hlen("unacked") == 1 and broker.llen("email") == 0
-            # its keeper measured its skew: in the log, and for the exporter's gauge
-            assert 19 <= layout.clock_skews(broker)["email"] <= 21
-            assert "clock is +20." in fast.output() or "clock is +19." in fast.output()
+            # its keeper measured its skew: in the log, and for the exporter's gauge (a beat
+            # whose round trip was too long to tell measures nothing: on a loaded machine
+            # the first beats may not, so wait for one that did)
+            wait_for(lambda: 19 <= layout.clock_skews(broker).get("email", 0.0) <= 21,
+                     timeout=30)  # fmt: skip
+            wait_for(lambda: "clock is +20." in fast.output() or "clock is +19." in fast.output(),
+                     timeout=10)  # fmt: skip
             store.set(jobs.RELEASE + "evt_0001", "1")
             wait_for(lambda: broker.hlen("unacked") == 0, timeout=30)
             assert received(workers) == 1 and len(jobs.runs(store, "evt_0001")) == 1
