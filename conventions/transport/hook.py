@@ -36,12 +36,17 @@ class PushHook:
     #: (None: the one that kept it)
     pending: Callable[[Any, Sequence[tuple[str, str]]], None] | None = None
 
-    def flush(self) -> None:
-        """Run the push still kept (its event went elsewhere, or never came)."""
+    def run_pending(self, channel: Any, events: Sequence[tuple[str, str]]) -> None:
+        """Run the push kept for the event, on ``channel`` with ``events`` (a failure
+        keeps it, for a retry of the event's publish or :meth:`flush`)."""
         if self.pending is not None:
-            self.pending(None, ())
+            self.pending(channel, events)
             self.pending = None
             self.ran = True
+
+    def flush(self) -> None:
+        """Run the push still kept (its event went elsewhere, or never came)."""
+        self.run_pending(None, ())
 
 
 _HOOK: ContextVar[PushHook | None] = ContextVar("conventions_push_hook", default=None)

@@ -391,25 +391,26 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         headers = message.get("headers") or {}
         hooked = hook is not None and headers.get("id") == hook.task_id
         due = delayed.due_of(message)
-        if hdr.DUE in headers and (due is None or due <= self.now()):
+        ready = due is None or due <= self.now()  # one reading of the clock for every choice
+        if hdr.DUE in headers and ready:
             # a retry published at once keeps its request's headers: a former due time
             # would make the queues view count its age from then
             message = {**message, "headers": {k: v for k, v in headers.items()
                                               if k != hdr.DUE}}  # fmt: skip
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
-        if hooked and hook is not None and hook.with_event and (due is None or due <= self.now()):
+        if hooked and hook is not None and hook.with_event and ready:
             # kept for the task-sent event Celery publishes next (_put_fanout): one script
             # pushes the message and publishes the event
             hook.pending = self._push_later(hook, key, dumps(message))
             return
-        if not hooked and (due is None or due <= self.now()):
+        if not hooked and ready:
             # kombu's LPUSH and the queue's bell in one command (with min_replicas, the
             # WAIT in its round trip)
             with self.conn_or_acquire(self._publishing_client()) as client:
                 push_and_ring(client, key, dumps(message))
             return
         with self.conn_or_acquire(self._publishing_client()) as client:  # a retry runs it again
-            if due is not None and due > self.now():
+            if due is not None and not ready:
                 member = delayed.delay(key, message, due)
                 if hooked and hook is not None and hook.push_delayed is not None:
                     hook.push_delayed(client, delayed.key_of(queue), due, member)
@@ -443,9 +444,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             return
         payload = dumps(message)
         topics = self._get_publish_topics(exchange, routing_key)
-        hook.pending(self, [(topic, payload) for topic in topics])
-        hook.pending = None
-        hook.ran = True
+        hook.run_pending(self, [(topic, payload) for topic in topics])
 
     def _do_restore_message(
         self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import socket
 import subprocess
 import threading
@@ -118,6 +120,38 @@ class Events:
         self.receiver.should_stop = True
         self._thread.join(10)
         self._connection.release()
+
+
+class SentEvents:
+    """The ``task-sent`` events published on the broker at ``url`` (the tests' own by
+    default) while the block runs, decoded: a subscriber of the server's own, subscribed
+    before the block, as Flower is."""
+
+    def __init__(self, url: str = f"{REDIS_BASE}/{BROKER_DB}") -> None:
+        self.client = redis.Redis.from_url(url)
+        self.pubsub = self.client.pubsub()
+
+    def __enter__(self) -> SentEvents:
+        self.pubsub.psubscribe("*celeryev/task.sent")
+        assert self.pubsub.get_message(timeout=5)["type"] == "psubscribe"  # type: ignore[index]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.pubsub.close()
+        self.client.close()
+
+    def received(self, about: str, settle: float = 0.5) -> list[dict[str, Any]]:
+        """The events whose kwargs name ``about`` (a worker of another test may publish
+        too), received until no event came for ``settle`` seconds."""
+        found, deadline = [], time.monotonic() + settle
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.1)
+            if message and message["type"] == "pmessage":
+                event = json.loads(base64.b64decode(json.loads(message["data"])["body"]))
+                if about in str(event.get("kwargs")):
+                    found.append(event)
+                deadline = time.monotonic() + settle
+        return found
 
 
 class Monitor:

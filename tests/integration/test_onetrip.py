@@ -8,9 +8,6 @@ separate reservation.
 
 from __future__ import annotations
 
-import base64
-import json
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,8 +21,7 @@ from conventions.transport import publish as onetrip
 from conventions.transport import redis as broker
 from tasks import app
 from tasks.receipts import send_receipt
-from tests.conftest import BROKER_DB, REDIS_BASE
-from tests.integration.helpers import Monitor
+from tests.integration.helpers import Monitor, SentEvents
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 
@@ -73,37 +69,6 @@ def test_a_delay_rings_its_queues_bell_in_the_same_script(order_id: str) -> None
     assert monitor.top_level(order_id) == ["EVALSHA"]
     assert monitor.top_level(bell) == ["EVALSHA"]  # the same script: no command of its own
     assert monitor.scripted(bell) == ["LPUSH", "LTRIM", "EXPIRE"]
-
-
-class SentEvents:
-    """The ``task-sent`` events published while the block runs, decoded (a subscriber
-    of the server's own: subscribed before the block, as Flower is)."""
-
-    def __init__(self) -> None:
-        self.client = redis.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}")
-        self.pubsub = self.client.pubsub()
-
-    def __enter__(self) -> SentEvents:
-        self.pubsub.psubscribe("*celeryev/task.sent")
-        assert self.pubsub.get_message(timeout=5)["type"] == "psubscribe"  # type: ignore[index]
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.pubsub.close()
-        self.client.close()
-
-    def received(self, about: str, settle: float = 0.5) -> list[dict[str, Any]]:
-        """The events whose kwargs name ``about`` (a worker of another test may publish
-        too), received until no event came for ``settle`` seconds."""
-        found, deadline = [], time.monotonic() + settle
-        while time.monotonic() < deadline:
-            message = self.pubsub.get_message(timeout=0.1)
-            if message and message["type"] == "pmessage":
-                event = json.loads(base64.b64decode(json.loads(message["data"])["body"]))
-                if about in str(event.get("kwargs")):
-                    found.append(event)
-                deadline = time.monotonic() + settle
-        return found
 
 
 def test_a_delays_task_sent_event_is_published_by_its_push_script(order_id: str) -> None:

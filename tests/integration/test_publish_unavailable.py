@@ -12,7 +12,6 @@ asserted: the timeout mark guards against a hang, and the elapsed time is printe
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ from conventions.store import keys
 from conventions.task import ConventionTask
 from tests.conftest import BROKER_DB, REDIS_BASE, STORE_DB
 from tests.fixtures import unavailable
-from tests.integration.helpers import SpareRedis
+from tests.integration.helpers import SentEvents, SpareRedis
 from tests.integration.support_jobs import Call
 
 pytestmark = [pytest.mark.usefixtures("services"), pytest.mark.timeout(60)]
@@ -191,13 +190,9 @@ def test_a_one_trip_publish_after_its_redis_restarted_pushes_once_with_its_event
     job.apply_async(kwargs={"call_id": f"w{uuid.uuid4().hex[:8]}"})  # the pools are made
     spare.stop()
     spare.start()
-    with redis.Redis.from_url(url) as client, client.pubsub() as events:
-        events.psubscribe("*celeryev/task.sent")
-        assert events.get_message(timeout=5)["type"] == "psubscribe"  # type: ignore[index]
-        handle = job.apply_async(kwargs={"call_id": f"r{uuid.uuid4().hex[:8]}"})
-        sent = []
-        while (message := events.get_message(timeout=1)) is not None:
-            if message["type"] == "pmessage":
-                sent.append(json.loads(base64.b64decode(json.loads(message["data"])["body"])))
+    call_id = f"r{uuid.uuid4().hex[:8]}"
+    with SentEvents(url) as events:
+        handle = job.apply_async(kwargs={"call_id": call_id})
+        sent = events.received(call_id)
     assert _queued(url).count(handle.id) == 1
     assert [event["uuid"] for event in sent] == [handle.id]
