@@ -3,8 +3,9 @@
 ``python -m bench --json bench/results/bench.json`` and ``python -m bench.scale --out
 bench/results/scale.json`` write them; ``python -m bench.docs`` makes the docs' tables
 from them. Each file carries the run it came from (:func:`meta`): the command, the
-commit, the date, the machine's cores and its load average, so that a table says which
-run it shows and how noisy the machine was.
+commit, the date, the machine's cores, its load average and the share of its CPU time the
+hypervisor took while the run went on (``steal`` in ``/proc/stat``), so that a table says
+which run it shows and how noisy the machine was.
 """
 
 from __future__ import annotations
@@ -37,22 +38,53 @@ def commit() -> str:
     return f"{head}-dirty" if dirty else head
 
 
+#: the share of the run's CPU time the hypervisor may take before the run counts as noisy
+#: (a virtual machine whose host is busy: 7-12% was seen with an ordinary load average)
+STEAL_NOISY = 0.02
+
+
+def cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """The machine's (steal, total) CPU ticks since boot, from the ``cpu`` line of
+    ``/proc/stat``; None where there is no such file (not Linux)."""
+    try:
+        line = stat.read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if not line or line[0] != "cpu":
+        return None
+    ticks = [int(x) for x in line[1:9]]
+    steal = ticks[7] if len(ticks) > 7 else 0
+    return steal, sum(ticks)
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the CPU time between two readings that the hypervisor took."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round((end[0] - start[0]) / (end[1] - start[1]), 4)
+
+
 def load() -> dict[str, Any]:
-    """The machine's load now: the 1/5/15-minute averages and the cores they share."""
+    """The machine's load now: the 1/5/15-minute averages, the cores they share and the
+    CPU ticks a later reading takes the run's steal from."""
     one, five, fifteen = os.getloadavg()
     cores = os.cpu_count() or 1
     return {
         "average": [round(one, 2), round(five, 2), round(fifteen, 2)],
         "cores": cores,
         "quiet": max(one, five) < 0.5 * cores,
+        "ticks": cpu_ticks(),
     }
 
 
 def meta(command: str, load_at_start: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a result file says of its run. ``quiet`` is False when the load average was at
-    or above half the cores at the start or the end: its CPU figures are then noisy."""
+    or above half the cores at the start (something else ran), or when the hypervisor took
+    ``STEAL_NOISY`` or more of the CPU time during the run: its figures are then noisy.
+    The load at the end is kept but not judged: the bench's own workers raise it."""
     end = load()
     start = load_at_start or end
+    steal = steal_share(start.get("ticks"), end.get("ticks"))
     return {
         "command": command,
         "commit": commit(),
@@ -61,7 +93,8 @@ def meta(command: str, load_at_start: dict[str, Any] | None = None) -> dict[str,
         "load": {
             "start": start["average"],
             "end": end["average"],
-            "quiet": bool(start["quiet"] and end["quiet"]),
+            "steal": steal,
+            "quiet": bool(start["quiet"] and (steal is None or steal < STEAL_NOISY)),
         },
         "python": platform.python_version(),
     }

@@ -33,10 +33,12 @@ def caption(data: dict[str, Any]) -> str:
     start = " / ".join(f"{x:g}" for x in load["start"])
     end = " / ".join(f"{x:g}" for x in load["end"])
     dirty = " (with uncommitted changes)" if data["commit"].endswith("-dirty") else ""
+    steal = load.get("steal")
+    stolen = "" if steal is None else f", hypervisor steal {steal:.1%} of the CPU time"
     return (
         f"_`{data['command']}` at commit `{data['commit'][:10]}`{dirty} on {data['date'][:10]}, "
         f"{data['cores']} cores, load average {start} at the start and {end} at the end"
-        f"{noisy}._"
+        f"{stolen}{noisy}._"
     )
 
 

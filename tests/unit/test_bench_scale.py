@@ -123,3 +123,33 @@ def test_a_cluster_url_names_each_nodes_port_and_a_listener_is_found_by_its_port
         port = listener.getsockname()[1]
         assert beam.pids(f"amqp://127.0.0.1:{port}//") == [os.getpid()]
     assert beam.cpu_of([]) is None
+
+
+def test_a_run_is_noisy_when_the_hypervisor_took_its_share_of_the_cpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from bench import results, tables
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal
+    stat.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3\n")
+    before = results.cpu_ticks(stat)
+    assert before == (35, 1000)
+    stat.write_text("cpu  200 0 100 1600 20 0 10 70 0 0\n")
+    after = results.cpu_ticks(stat)
+    assert results.steal_share(before, after) == 0.035
+    assert results.steal_share(None, after) is None
+    assert results.cpu_ticks(tmp_path / "absent") is None
+
+    calm = {"average": [0.1, 0.1, 0.1], "cores": 2, "quiet": True, "ticks": (0, 1000)}
+    real = results.load()
+    stolen = {**calm, "ticks": (real["ticks"][0] - 100, real["ticks"][1] - 1000)}
+    data = results.meta("python -m bench x", stolen)
+    # 100 of the >= 1,000 ticks since the made-up start were steal (the clock goes on)
+    assert 0.05 < data["load"]["steal"] <= 0.1
+    assert data["load"]["quiet"] is False
+    assert "hypervisor steal" in tables.caption(data)
+    assert "a shared machine" in tables.caption(data)
+    # the load at the end (the bench's own workers) does not make a calm run noisy
+    unstolen = {**calm, "ticks": real["ticks"]}
+    assert results.meta("python -m bench x", unstolen)["load"]["quiet"] is (
+        results.steal_share(real["ticks"], results.cpu_ticks()) < results.STEAL_NOISY
+    )
