@@ -124,7 +124,9 @@ STALL = 30.0
 
 class Trips:
     """Counts the commands clients send (``MONITOR``: a script is one line, the
-    commands it runs are marked ``lua``) from a thread, per phase.
+    commands it runs are marked ``lua``) from a thread, per phase. A command whose reply
+    its client skipped (``CLIENT REPLY SKIP`` before it) is no round trip: the client
+    writes it with the next command and waits for that one's reply only.
 
     ``stall``: how long the reader may read no line at all before :meth:`take` gives
     up; while it reads, however far behind, a take waits for its marker."""
@@ -140,6 +142,8 @@ class Trips:
         self.count: collections.Counter[str] = collections.Counter()
         #: the (address, port) of clients whose commands are the bench's own (its poll)
         self.ignore: set[tuple[str, str]] = set()
+        #: clients whose next command gets no reply (``CLIENT REPLY SKIP``)
+        self._skipping: set[tuple[str, str]] = set()
         self._stop = False
         self._listening = threading.Event()
         #: a phase's end: the marker ``take`` sends, and what was counted up to it
@@ -191,6 +195,14 @@ class Trips:
         # (MONITOR shows each command of it, MULTI too)
         client = (str(command.get("client_address")), str(command.get("client_port")))
         if client in self.ignore:
+            return
+        # a command after CLIENT REPLY SKIP gets no reply: it rides the write of the
+        # command its client waits for (the fetch's sign of life, the held acks)
+        if line.upper() == "CLIENT REPLY SKIP":
+            self._skipping.add(client)
+            return
+        if client in self._skipping:
+            self._skipping.discard(client)
             return
         if name == "multi":
             in_transaction.add(client)

@@ -24,7 +24,9 @@ an inbox or in the unacked set, all inside Redis (and its AOF), never only in a 
   the channel is made); a dead consumer is forgotten only once its inboxes stayed empty
   for ``recovery_timeout`` (a fetch blocked on one may still fill it);
 * the claim and the move back are atomic and exclusive: a consumer that was only slow
-  finds its message gone, drops its copy, and the message is delivered once.
+  finds its message gone, drops its copy, and the message is delivered once;
+* a finished job's ack goes ahead of the consumer's next fetch, in the same write, when
+  one follows at once (:mod:`conventions.transport.acks`): no round trip of its own.
 
 A message whose ``eta`` is still ahead (a countdown, a retry's backoff, a deferral) is
 published into its queue's delayed set instead of its list and moved there when due by
@@ -81,6 +83,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import uuid
 from queue import Empty
 from time import monotonic, time
@@ -96,7 +99,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from conventions.config.sentinel import REPLICA_WAIT_MS, Replicated, replicas_wanted
 from conventions.errors import ConfigurationError
 from conventions.tracing import headers as hdr
-from conventions.transport import delayed, envelope, liveness, priorities, scripts, sentinel
+from conventions.transport import acks, delayed, envelope, liveness, priorities, scripts, sentinel
 from conventions.transport.checks import check_kombu, check_timing
 from conventions.transport.envelope import UNPARSEABLE
 from conventions.transport.fetch import (
@@ -188,7 +191,15 @@ class QoS(kredis.QoS):  # type: ignore[misc]
             super().append(message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
+        """kombu's ack, held for the next fetch's write when one follows at once
+        (:mod:`conventions.transport.acks`)."""
         liveness.release(delivery_tag)
+        channel = self.channel
+        if channel.hold_ack(delivery_tag):
+            virtual.QoS.ack(self, delivery_tag)
+            if not self.can_consume():  # no fetch will follow: send it now
+                channel.send_held_acks()
+            return
         super().ack(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
@@ -288,6 +299,9 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self.keeper: liveness.Keeper | None = None
         #: the queues a no-ack consumer reads, by consumer tag
         self._no_ack: dict[str, str] = {}
+        #: acks held for the next fetch's write, and the thread that sends the fetches
+        self._held = acks.Held()
+        self._fetch_thread: int | None = None
         super().__init__(*args, **kwargs)
         check_kombu(self)
         options = self.connection.client.transport_options or {}
@@ -501,7 +515,31 @@ class Channel(kredis.Channel):  # type: ignore[misc]
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         self._no_ack.pop(consumer_tag, None)
+        self.send_held_acks()  # its fetches may stop
         return super().basic_cancel(consumer_tag)
+
+    def hold_ack(self, tag: str) -> bool:
+        """Hold ``tag``'s ack for the next fetch's write when one follows at once: this
+        channel consumes, no fetch is in flight, and the ack is made on the thread that
+        sends the fetches (:mod:`conventions.transport.acks`)."""
+        if (
+            self.keeper is None
+            or self._in_poll
+            or not self.active_queues
+            or self._fetch_thread != threading.get_ident()
+        ):
+            return False
+        return self._held.hold(tag)
+
+    def send_held_acks(self) -> None:
+        """Send the held acks on their own (one transaction, as kombu's ack)."""
+        if not len(self._held):
+            return
+        tags = self._held.take()
+        with self.conn_or_acquire() as client:
+            client.pipeline().zrem(self.unacked_index_key, *tags).hdel(
+                self.unacked_key, *tags
+            ).execute()
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         # never longer than the block that check_timing weighed recovery_timeout against
@@ -509,6 +547,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         block = min(timeout or longest, longest)
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
+            self.send_held_acks()
             return
         # weighted, never strict: a lower priority step is looked at first on some
         # fetches, so a flood of higher ones cannot starve it (conventions.transport.priorities)
@@ -542,7 +581,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         and longer than any block) and the inbox's registration are fresh whenever a
         fetch can fill the inbox. ``CLIENT REPLY SKIP`` drops the script's reply: the
         fetch's is the only one to read, no round trip is added."""
-        commands: list[list[Any]] = []
+        commands = self._held.commands(self.unacked_index_key, self.unacked_key)
         now = monotonic()
         if fresh or now - self._live_at >= self.recovery_timeout / 3:
             pairs = [item for s in sources for item in (self._inboxes[s], s)]
@@ -554,12 +593,14 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         self._sent = (kind, sources)
         self._in_poll = connection
         self._brpop_sent_at = now
+        self._fetch_thread = threading.get_ident()
         try:
             connection.send_packed_command(connection.pack_commands([*commands, command]))
         except BaseException:
             self._in_poll = None  # nothing is in flight: the next poll sends again
             self._live_at = -math.inf
             raise
+        self._held.take()  # written: Redis runs them before the fetch
 
     def _brpop_read(self, **options: Any) -> bool:
         connection = self.client.connection
@@ -597,7 +638,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                     "allow it to the broker's user (ACL +client|reply), or use kombu's "
                     "Redis transport"
                 ) from exc
-            rung, self._rung = self._rung, None
+            # read: nothing is in flight, so an ack made while it is delivered may be held
+            rung, self._rung, self._in_poll = self._rung, None, None
             if kind == "BLPOP":  # a bell rang, or the wait ran out: sweep next
                 self._swept_empty = False
                 if reply is not None:
@@ -709,6 +751,11 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         keeper, self.keeper = self.keeper, None
         if keeper is not None:
             keeper.stop()
+        held = len(self._held)
+        try:
+            self.send_held_acks()
+        except Exception:  # the broker is gone: the messages come back, their keys done
+            logger.warning("could not send %d held acks", held, exc_info=True)
         if (self._inboxes or keeper is not None) and not self.closed:
             try:
                 with self.conn_or_acquire() as client:

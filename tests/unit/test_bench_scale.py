@@ -153,3 +153,20 @@ def test_a_run_is_noisy_when_the_hypervisor_took_its_share_of_the_cpu(tmp_path) 
     assert results.meta("python -m bench x", unstolen)["load"]["quiet"] is (
         results.steal_share(real["ticks"], results.cpu_ticks()) < results.STEAL_NOISY
     )
+
+
+def test_a_command_whose_reply_is_skipped_is_no_round_trip() -> None:
+    from bench import scale_meter
+
+    counter = scale_meter.Trips(6379)  # not connected: lines are fed to it by hand
+    lines = [
+        (1, "MULTI"), (1, "ZREM unacked_index t1"), (1, "HDEL unacked t1"), (1, "EXEC"),
+        (2, "CLIENT REPLY SKIP"), (2, "ZREM unacked_index t2"), (2, "CLIENT REPLY SKIP"),
+        (2, "HDEL unacked t2"), (2, "BLMOVE q inbox RIGHT LEFT 5"),
+        (3, "CLIENT REPLY SKIP"), (2, "EVALSHA abc 1 k"), (3, "EVAL live 2 a b"),
+        (3, "PUBLISH x y"),
+    ]  # fmt: skip
+    in_transaction: set[tuple[str, str]] = set()
+    for port, text in lines:
+        counter._line({"command": text, "client_port": port, "client_address": "a"}, in_transaction)
+    assert dict(counter.count) == {"exec": 1, "blmove": 1, "evalsha": 1, "publish": 1}
