@@ -65,9 +65,12 @@ def test_an_ack_rides_the_next_fetch_and_the_last_one_goes_with_the_cancel(
         # held: still in the unacked set until the next fetch's write carries it
         seen.append((message.decode()["n"], unacked(client) - before))
 
-    with Monitor() as monitor, Connection(
-        URL, transport="conventions.transport.redis:Transport", transport_options=OPTIONS
-    ) as connection:
+    with (
+        Monitor() as monitor,
+        Connection(
+            URL, transport="conventions.transport.redis:Transport", transport_options=OPTIONS
+        ) as connection,
+    ):
         with Consumer(connection, [queue], on_message=on_message):
             deadline = time.monotonic() + 10
             while len(tags) < 5 and time.monotonic() < deadline:
