@@ -34,7 +34,9 @@ def commit() -> str:
         return out.stdout.strip()
 
     head = git("rev-parse", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "conventions", "bench")
+    # the result files themselves are not the code that made them
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "conventions", "bench",
+                ":!bench/results")  # fmt: skip
     return f"{head}-dirty" if dirty else head
 
 

@@ -207,7 +207,7 @@ class WorkerProcess:
                 return
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.name} exited:\n{self.output()}")
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise TimeoutError(f"worker {self.name} not ready:\n{self.output()}")
 
     def output(self) -> str:

@@ -113,9 +113,12 @@ class Venv:
         return self.run(str(self.python), "-c", code, cwd=cwd, env=env)
 
     def pip(self, *args: str) -> None:
+        """pip on this venv: the test run's own pip (``--python``), so that the venv is
+        made without one (``ensurepip`` took seconds per venv); what it installs, and
+        where, is what the venv's own pip would install."""
         done = self.run(
-            str(self.python), "-m", "pip", "--disable-pip-version-check", "--no-input", *args,
-            cwd=self.path, timeout=300,
+            sys.executable, "-m", "pip", "--python", str(self.python),
+            "--disable-pip-version-check", "--no-input", *args, cwd=self.path, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, f"pip {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
 
@@ -145,7 +148,7 @@ def venv_beside(source: Path, base: Path, built: Built, extras: str = "") -> Ven
     before = tree_hashes(project)
     path = base / "venv"
     made = subprocess.run(
-        [sys.executable, "-m", "venv", str(path)],
+        [sys.executable, "-m", "venv", "--without-pip", str(path)],
         env=clean_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
