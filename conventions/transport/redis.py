@@ -515,7 +515,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         self._no_ack.pop(consumer_tag, None)
-        self.send_held_acks()  # its fetches may stop
+        self._send_held_acks_or_warn()  # its fetches may stop
         return super().basic_cancel(consumer_tag)
 
     def hold_ack(self, tag: str) -> bool:
@@ -541,13 +541,23 @@ class Channel(kredis.Channel):  # type: ignore[misc]
                 self.unacked_key, *tags
             ).execute()
 
+    def _send_held_acks_or_warn(self) -> None:
+        """:meth:`send_held_acks` where no fetch follows (a cancel, a close): a broker
+        that is gone is logged, not raised into kombu's teardown; the messages stay
+        unacked and come back, their keys done (:mod:`conventions.transport.acks`)."""
+        held = len(self._held)
+        try:
+            self.send_held_acks()
+        except Exception:
+            logger.warning("could not send %d held acks", held, exc_info=True)
+
     def _brpop_start(self, timeout: float | None = None) -> None:
         # never longer than the block that check_timing weighed recovery_timeout against
         longest = self.idle_block if self.keeper is not None else self.brpop_timeout
         block = min(timeout or longest, longest)
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
-            self.send_held_acks()
+            self._send_held_acks_or_warn()
             return
         # weighted, never strict: a lower priority step is looked at first on some
         # fetches, so a flood of higher ones cannot starve it (conventions.transport.priorities)
@@ -751,11 +761,7 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         keeper, self.keeper = self.keeper, None
         if keeper is not None:
             keeper.stop()
-        held = len(self._held)
-        try:
-            self.send_held_acks()
-        except Exception:  # the broker is gone: the messages come back, their keys done
-            logger.warning("could not send %d held acks", held, exc_info=True)
+        self._send_held_acks_or_warn()
         if (self._inboxes or keeper is not None) and not self.closed:
             try:
                 with self.conn_or_acquire() as client:
