@@ -591,7 +591,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
         and longer than any block) and the inbox's registration are fresh whenever a
         fetch can fill the inbox. ``CLIENT REPLY SKIP`` drops the script's reply: the
         fetch's is the only one to read, no round trip is added."""
-        commands = self._held.commands(self.unacked_index_key, self.unacked_key)
+        held = self._held.commands(self.unacked_index_key, self.unacked_key)
+        commands = list(held)
         now = monotonic()
         if fresh or now - self._live_at >= self.recovery_timeout / 3:
             pairs = [item for s in sources for item in (self._inboxes[s], s)]
@@ -610,7 +611,8 @@ class Channel(kredis.Channel):  # type: ignore[misc]
             self._in_poll = None  # nothing is in flight: the next poll sends again
             self._live_at = -math.inf
             raise
-        self._held.take()  # written: Redis runs them before the fetch
+        if held:  # written: Redis runs them before the fetch
+            self._held.take()
 
     def _brpop_read(self, **options: Any) -> bool:
         connection = self.client.connection
