@@ -17,7 +17,10 @@ Celery with the same reliable settings (``raw``) and raw Celery's defaults
 row. Each variant runs in a process of its own (:mod:`bench.scale_run`) against one
 ``redis-server`` of this run's own (nothing else talks to it); the variants take turns,
 round after round, and a CPU figure is the median of its rounds. Not a speed test: a cost
-count. ``--out`` writes the result file the docs' tables are made from
+count. ``--pin`` gives the Redis server the last core and the variants (their producer and
+worker) the others (``taskset``), so that Redis's CPU time per job is not moved by what
+shares its core and caches; ``--variants conv,raw`` measures only those. ``--out`` writes
+the result file the docs' tables are made from
 (``bench/results/scale.json``, :mod:`bench.docs`), with the commit and the machine's load.
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,8 +67,19 @@ def child(variant: str, jobs: int, amqp: str | None, trips: bool) -> dict[str, A
     return {"phases": [asdict(p) for p in found["phases"]], "keep": found["keep"]}
 
 
-def _spawn(variant: str, jobs: int, amqp: str | None, trips: bool) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "bench.scale", "--variant", variant, "--jobs", str(jobs)]
+def pinning(pin: bool) -> tuple[list[str], list[str]]:
+    """``taskset`` prefixes for the Redis server (the last core) and the variants (the
+    others), or none: ``pin`` off, one core only, or no ``taskset``."""
+    cores = os.cpu_count() or 1
+    if not pin or cores < 2 or shutil.which("taskset") is None:
+        return [], []
+    return ["taskset", "-c", str(cores - 1)], ["taskset", "-c", f"0-{cores - 2}"]
+
+
+def _spawn(
+    variant: str, jobs: int, amqp: str | None, trips: bool, prefix: list[str]
+) -> dict[str, Any]:
+    argv = [*prefix, sys.executable, "-m", "bench.scale", "--variant", variant, "--jobs", str(jobs)]
     argv += ["--trips"] if trips else []
     argv += ["--amqp", amqp] if amqp else []
     out = subprocess.run(
@@ -77,27 +92,33 @@ def _spawn(variant: str, jobs: int, amqp: str | None, trips: bool) -> dict[str, 
     return found
 
 
-def measure(jobs: int, rounds: int, amqp: str | None) -> dict[str, Any]:
+def measure(
+    jobs: int, rounds: int, amqp: str | None, variants: tuple[str, ...] = VARIANTS,
+    pin: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Every variant's phases, ``rounds`` times in turn on one Redis of this run's own
     (then the layer's on RabbitMQ, with ``amqp``); the round trips and the bytes left
-    from the first round."""
+    from the first round. ``pin``: see :func:`pinning`."""
     from bench.idle import own_redis
 
-    plans = [(v, None) for v in VARIANTS] + [(v, amqp) for v in AMQP_VARIANTS if amqp]
+    plans: list[tuple[str, str | None]] = [(v, None) for v in variants]
+    plans += [(v, amqp) for v in AMQP_VARIANTS if amqp and v in variants]
     seen: dict[str, list[dict[str, Any]]] = {_name(*plan): [] for plan in plans}
-    with own_redis() as client:
+    server, others = pinning(pin)
+    with own_redis(wrap=server) as client:
         port = client.connection_pool.connection_kwargs["port"]
         os.environ["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
         for i in range(rounds):
             for variant, broker in plans[i % len(plans) :] + plans[: i % len(plans)]:
                 print(f"# round {i + 1}: {_name(variant, broker)}", file=sys.stderr, flush=True)
-                found = _spawn(variant, jobs, broker, trips=i == 0)
+                found = _spawn(variant, jobs, broker, trips=i == 0, prefix=others)
                 seen[_name(variant, broker)].append(found)
     phases = [_median(runs) for runs in seen.values()]
     return {
         "phases": [row for pair in phases for row in pair],
         "keep": {v: runs[0]["keep"] for v, runs in seen.items() if "@" not in v},
         "ratios": _ratios(seen),
+        "pinned": bool(server),
     }
 
 
@@ -152,6 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--amqp", help="also measure the layer on this RabbitMQ (amqp://...)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="Redis on the last core, the variants on the others (taskset)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"which variants, comma-separated (default {','.join(VARIANTS)})",
+    )
     parser.add_argument("--out", type=Path, help="write the result file here (with its run)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in a child
     parser.add_argument("--trips", action="store_true", help=argparse.SUPPRESS)
@@ -160,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.variant, args.jobs, args.amqp, args.trips)))
         return 0
     start = results.load()
-    found = measure(args.jobs, max(1, args.rounds), args.amqp)
+    chosen = tuple(v for v in args.variants.split(",") if v)
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}: choose among {', '.join(VARIANTS)}")
+    found = measure(args.jobs, max(1, args.rounds), args.amqp, chosen, args.pin)
     command = " ".join(["python -m bench.scale", *(argv if argv is not None else sys.argv[1:])])
     data = {**results.meta(command, start), "jobs": args.jobs, "rounds": args.rounds, **found}
     data["notes"] = [

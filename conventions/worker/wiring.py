@@ -34,7 +34,7 @@ from conventions.observability import alerts
 from conventions.ops import retention
 from conventions.tracing import logs, spans
 from conventions.transport import amqp_queues
-from conventions.worker import lifecycle, poison_queue, queue_pauses, reservations
+from conventions.worker import lifecycle, poison_queue, queue_pauses, reservations, signal_wake
 from conventions.worker import signals as handlers
 
 logger = logging.getLogger("conventions.worker.wiring")
@@ -132,6 +132,7 @@ class Wiring:
 
     def worker_ready(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
+            signal_wake.install(getattr(getattr(sender, "controller", None), "hub", None))
             retention.start(self.app)
             batch_callbacks.start(self.app)  # publishes the callbacks a crash left due
             queue_pauses.start(self.app, sender)  # sender: the consumer
@@ -140,6 +141,7 @@ class Wiring:
 
     def worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
+            signal_wake.uninstall()
             retention.stop(self.app)
             batch_callbacks.stop(self.app)
             queue_pauses.stop(self.app, str(getattr(sender, "hostname", "")))
@@ -153,6 +155,7 @@ class Wiring:
         # every app of a forked pool process forgets its own store (each process opens its
         # own connections): its own state only, whichever app runs the worker
         self.app.reset_store()
+        signal_wake.after_fork()
 
     def beat_init(self, sender: Any = None, **_: Any) -> None:
         if self._mine(sender):
