@@ -55,6 +55,7 @@ RATIOS = (
     ("conv/raw", "conv", "raw"),
     ("quiet/default", "quiet", "default"),
     ("conv_noruns/conv", "conv_noruns", "conv"),
+    ("conv_noruns/raw", "conv_noruns", "raw"),  # the layer but run history, against raw
 )
 
 
