@@ -170,3 +170,14 @@ def test_a_command_whose_reply_is_skipped_is_no_round_trip() -> None:
     for port, text in lines:
         counter._line({"command": text, "client_port": port, "client_address": "a"}, in_transaction)
     assert dict(counter.count) == {"exec": 1, "blmove": 1, "evalsha": 1, "publish": 1}
+
+
+def test_a_ratio_is_judged_by_its_median_and_says_how_many_rounds_disagree() -> None:
+    from bench.tables import _judged
+
+    assert _judged(1.2, [1.1, 1.2, 1.25], 1.3) == "met"
+    assert _judged(1.25, [1.11, 1.24, 1.5, 1.38, 1.25], 1.3) == (
+        "met by the median, 2 of 5 rounds above"
+    )
+    assert _judged(1.4, [1.35, 1.4, 1.45], 1.3) == "**missed**"
+    assert _judged(1.36, [1.65, 1.08, 1.36, 1.31, 1.42], 1.3) == "**missed**, 1 of 5 rounds below"
