@@ -320,7 +320,10 @@ def _base(
         "task_send_sent_event": True,
         "worker_send_task_events": True,
         "worker_soft_shutdown_timeout": 10.0,
-        "worker_enable_soft_shutdown_on_idle": True,
+        # an idle worker's cold shutdown waits the soft timeout only where it may hold a
+        # message not yet due (kombu's stock transports): the layer's Redis transport keeps
+        # them in Redis, and RabbitMQ puts a held one back when the connection closes
+        "worker_enable_soft_shutdown_on_idle": not (is_redis(broker_url) or is_amqp(broker_url)),
         "task_time_limit": 300,
         "task_soft_time_limit": 270,
         "result_expires": 86400,

@@ -182,3 +182,15 @@ def test_the_store_waits_as_long_as_the_profile_at_most() -> None:
     options = store.client.get_connection_kwargs()
     assert options["socket_timeout"] == options["socket_connect_timeout"] == SOCKET_TIMEOUT
     store.close()
+
+
+def test_an_idle_cold_shutdown_waits_only_where_a_worker_may_hold_a_message_not_yet_due() -> None:
+    # the layer's Redis transport keeps delayed messages in Redis, RabbitMQ puts a held
+    # one back on close: an idle worker's SIGQUIT need not wait the soft timeout
+    assert _profile()["worker_enable_soft_shutdown_on_idle"] is False
+    amqp = reliable(broker_url="amqp://guest@localhost//", store_url=REDIS)
+    assert amqp["worker_enable_soft_shutdown_on_idle"] is False
+    # a broker of kombu's own (here its filesystem transport) may hold them: it waits
+    other = reliable(broker_url="filesystem://", store_url=REDIS)
+    assert other["worker_enable_soft_shutdown_on_idle"] is True
+    assert other["worker_soft_shutdown_timeout"] > 0
