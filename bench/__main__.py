@@ -66,6 +66,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="interleaved rounds (at least 5 counts)")
     parser.add_argument("--out", type=Path, help="also write the Markdown report here")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to SECONDS for the load average to fall",
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.sections if name not in SECTIONS]
     if unknown:
@@ -114,7 +121,7 @@ def main(argv: list[str]) -> int:
     rounds = args.rounds or sizes.rounds
     from bench import results
 
-    report = Report(command=command_line(args), load_at_start=results.load())
+    report = Report(command=command_line(args), load_at_start=results.settle(args.settle))
     client = redis.Redis.from_url(common.url())
     runs = {
         "publish": lambda: publish.section(report, client, n=sizes.publish, rounds=rounds),

@@ -15,6 +15,8 @@ import json
 import os
 import platform
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +113,22 @@ def write(path: Path, data: dict[str, Any]) -> None:
 def read(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+#: how often :func:`settle` reads the load average
+SETTLE_POLL = 5.0
+
+
+def settle(seconds: float, poll: float = SETTLE_POLL) -> dict[str, Any]:
+    """Wait up to ``seconds`` for the machine to be quiet (:func:`load`: the 1- and
+    5-minute load averages below half the cores; a run right after another starts with
+    that run's workers still in the 5-minute average), then give the load to start from.
+    A machine still busy after ``seconds`` is measured anyway, and its run says so."""
+    deadline = time.monotonic() + max(0.0, seconds)
+    found = load()
+    while not found["quiet"] and time.monotonic() < deadline:
+        print(f"# settling: load average {found['average']}, {found['cores']} cores",
+              file=sys.stderr, flush=True)  # fmt: skip
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+        found = load()
+    return found

@@ -175,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amqp", help="also measure the layer on this RabbitMQ (amqp://...)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
+        "--settle", type=float, default=0.0, metavar="SECONDS",
+        help="first wait up to SECONDS for the load average to fall",
+    )  # fmt: skip
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="Redis on the last core, the variants on the others (taskset)",
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant:
         print(json.dumps(child(args.variant, args.jobs, args.amqp, args.trips)))
         return 0
-    start = results.load()
+    start = results.settle(args.settle)
     chosen = tuple(v for v in args.variants.split(",") if v)
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:

@@ -19,6 +19,47 @@ from typing import Any
 from bench import beam
 
 
+class TripCounter:
+    """What a ``MONITOR`` line is as a round trip: the key it counts under, or None.
+
+    A script is one line (the commands it runs are marked ``lua``: none); a ``MULTI``
+    ... ``EXEC`` pipeline is written at once, one trip counted as its ``exec``; a command
+    after ``CLIENT REPLY SKIP`` gets no reply and rides the write of the command its
+    client waits for (the fetch's sign of life, the held acks): none, or
+    ``<name>:no-reply`` with ``detail``, which also names a ``PUBLISH``'s channel
+    (``publish:<channel>``). Clients are told apart by ``client_address`` and
+    ``client_port``."""
+
+    def __init__(self, detail: bool = False) -> None:
+        self.detail = detail
+        self._in_transaction: set[tuple[str, str]] = set()
+        self._skipping: set[tuple[str, str]] = set()
+
+    def key(self, command: dict[str, Any]) -> str | None:
+        line = str(command.get("command", ""))
+        name = line.split(" ", 1)[0].lower()
+        if command.get("client_type") == "lua" or name == "info":
+            return None
+        client = (str(command.get("client_address")), str(command.get("client_port")))
+        if line.upper() == "CLIENT REPLY SKIP":
+            self._skipping.add(client)
+            return None
+        if client in self._skipping:
+            self._skipping.discard(client)
+            return f"{name}:no-reply" if self.detail else None
+        if name == "multi":
+            self._in_transaction.add(client)
+            return None
+        if name in ("exec", "discard"):
+            self._in_transaction.discard(client)
+            return "exec"
+        if client in self._in_transaction:
+            return None
+        if self.detail and name == "publish":
+            return "publish:" + line.split(" ", 2)[1].strip('"').rsplit("/", 1)[-1]
+        return name
+
+
 @dataclass
 class Phase:
     """One phase's cost per job, from the servers' counters."""
@@ -142,8 +183,7 @@ class Trips:
         self.count: collections.Counter[str] = collections.Counter()
         #: the (address, port) of clients whose commands are the bench's own (its poll)
         self.ignore: set[tuple[str, str]] = set()
-        #: clients whose next command gets no reply (``CLIENT REPLY SKIP``)
-        self._skipping: set[tuple[str, str]] = set()
+        self._counter = TripCounter()
         self._stop = False
         self._listening = threading.Event()
         #: a phase's end: the marker ``take`` sends, and what was counted up to it
@@ -169,7 +209,6 @@ class Trips:
         self._thread.join(5)
 
     def _run(self) -> None:
-        in_transaction: set[tuple[str, str]] = set()  # clients between MULTI and EXEC
         try:
             with self.client.monitor() as monitor:
                 for command in monitor.listen():
@@ -177,40 +216,23 @@ class Trips:
                     self._listening.set()
                     if self._stop:
                         return
-                    self._line(command, in_transaction)
+                    self._line(command)
         except BaseException as exc:  # said by the next take, not lost in a thread
             self._failed = exc
             raise
 
-    def _line(self, command: dict[str, Any], in_transaction: set[tuple[str, str]]) -> None:
+    def _line(self, command: dict[str, Any]) -> None:
         line = str(command.get("command", ""))
-        name = line.split(" ", 1)[0].lower()
-        if name == "echo" and self._marker and self._marker in line:
+        if self._marker and line.lower().startswith("echo") and self._marker in line:
             self._taken, self.count = self.count, collections.Counter()
             self._marked.set()
             return
-        if command.get("client_type") == "lua" or name == "info":
-            return
-        # a MULTI ... EXEC pipeline is written at once: one trip, counted as its EXEC
-        # (MONITOR shows each command of it, MULTI too)
         client = (str(command.get("client_address")), str(command.get("client_port")))
         if client in self.ignore:
             return
-        # a command after CLIENT REPLY SKIP gets no reply: it rides the write of the
-        # command its client waits for (the fetch's sign of life, the held acks)
-        if line.upper() == "CLIENT REPLY SKIP":
-            self._skipping.add(client)
-            return
-        if client in self._skipping:
-            self._skipping.discard(client)
-            return
-        if name == "multi":
-            in_transaction.add(client)
-        elif name in ("exec", "discard"):
-            in_transaction.discard(client)
-            self.count["exec"] += 1
-        elif client not in in_transaction:
-            self.count[name] += 1
+        key = self._counter.key(command)
+        if key is not None:
+            self.count[key] += 1
 
     def take(self) -> collections.Counter[str]:
         """What was counted since the last take: up to a marker (``ECHO``) sent now, so

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import redis
 
+from bench.scale_meter import TripCounter
 from tasks import app
 from tests.conftest import BROKER_DB, REDIS_BASE
 from tests.integration.helpers import Monitor, wait_for
@@ -68,36 +69,21 @@ def own_ports() -> set[str]:
 
 
 def trips(lines: list[dict[str, Any]], ignore: set[str]) -> collections.Counter[str]:
-    """The commands clients sent, a ``MULTI``...``EXEC`` as one (``exec``), but the ones
-    of the connections on ``ignore``'s local ports."""
+    """The round trips clients made, as the bench counts them (``bench.scale_meter``'s
+    :class:`TripCounter`, with a command after ``CLIENT REPLY SKIP`` kept as
+    ``<name>:no-reply`` and a ``PUBLISH`` named by its channel), but the ones of the
+    connections on ``ignore``'s local ports."""
     count: collections.Counter[str] = collections.Counter()
-    in_transaction: set[str] = set()
-    skipping: set[str] = set()
+    counter = TripCounter(detail=True)
     for line in lines:
-        if line.get("client_type") == "lua":
-            continue
-        client = str(line.get("client_port"))
-        if client in ignore:
-            continue
         text = str(line.get("command", ""))
-        name = text.split(" ", 1)[0].lower()
-        if (name == "echo" and "cc-monitor-stop" in text) or name == "info":
+        if str(line.get("client_port")) in ignore or (
+            text.lower().startswith("echo") and "cc-monitor-stop" in text
+        ):
             continue
-        if text.upper() == "CLIENT REPLY SKIP":  # the next command gets no reply: it
-            skipping.add(client)  # rides the write of the one its client waits for
-            continue
-        if client in skipping:
-            skipping.discard(client)
-            count[f"{name}:no-reply"] += 1
-            continue
-        if name == "multi":
-            in_transaction.add(client)
-        elif name in ("exec", "discard"):
-            in_transaction.discard(client)
-            count["exec"] += 1
-        elif client not in in_transaction:
-            channel = text.split(" ", 2)[1].rsplit("/", 1)[-1] if name == "publish" else ""
-            count[f"publish:{channel}" if channel else name] += 1
+        key = counter.key(line)
+        if key is not None:
+            count[key] += 1
     return count
 
 

@@ -7,6 +7,8 @@ import os
 import time
 from dataclasses import asdict
 
+import pytest
+
 from bench import scale
 
 
@@ -166,9 +168,8 @@ def test_a_command_whose_reply_is_skipped_is_no_round_trip() -> None:
         (3, "CLIENT REPLY SKIP"), (2, "EVALSHA abc 1 k"), (3, "EVAL live 2 a b"),
         (3, "PUBLISH x y"),
     ]  # fmt: skip
-    in_transaction: set[tuple[str, str]] = set()
     for port, text in lines:
-        counter._line({"command": text, "client_port": port, "client_address": "a"}, in_transaction)
+        counter._line({"command": text, "client_port": port, "client_address": "a"})
     assert dict(counter.count) == {"exec": 1, "blmove": 1, "evalsha": 1, "publish": 1}
 
 
@@ -181,3 +182,50 @@ def test_a_ratio_is_judged_by_its_median_and_says_how_many_rounds_disagree() -> 
     )
     assert _judged(1.4, [1.35, 1.4, 1.45], 1.3) == "**missed**"
     assert _judged(1.36, [1.65, 1.08, 1.36, 1.31, 1.42], 1.3) == "**missed**, 1 of 5 rounds below"
+
+
+def test_the_trip_counter_in_detail_names_the_skipped_replies_and_the_channels() -> None:
+    from bench.scale_meter import TripCounter
+
+    def line(command: str, port: int = 1, lua: bool = False) -> dict[str, object]:
+        return {"command": command, "client_address": "127.0.0.1", "client_port": str(port),
+                "client_type": "lua" if lua else "tcp"}  # fmt: skip
+
+    stream = [
+        line("CLIENT REPLY SKIP"),
+        line("ZREM unacked_index t1"),  # a held ack: no trip
+        line("CLIENT REPLY SKIP"),
+        line("HDEL unacked t1"),
+        line("EVALSHA abc 1 k"),
+        line("HSET k a b", lua=True),  # the script is one
+        line("MULTI", 2),
+        line("ZREM x y", 2),
+        line("BLMOVE a b RIGHT LEFT 1"),  # other client
+        line("EXEC", 2),
+        line("PUBLISH /0.celeryev/task.succeeded x", 3),
+        line("INFO cpu"),
+    ]
+    # Trips counts the same without the detail (the test above)
+    detailed = TripCounter(detail=True)
+    assert [k for k in (detailed.key(x) for x in stream) if k] == [
+        "zrem:no-reply",
+        "hdel:no-reply",
+        "evalsha",
+        "blmove",
+        "exec",
+        "publish:task.succeeded",
+    ]
+
+
+def test_settle_waits_for_a_quiet_machine_and_gives_up_after_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import results
+
+    readings = iter([{"quiet": False, "average": [1.6, 1.2, 0.9], "cores": 2}] * 2
+                    + [{"quiet": True, "average": [0.4, 0.9, 0.8], "cores": 2}])  # fmt: skip
+    monkeypatch.setattr(results, "load", lambda: next(readings))
+    assert results.settle(60, poll=0)["quiet"] is True  # the third reading
+    busy = {"quiet": False, "average": [3.0, 3.0, 3.0], "cores": 2}
+    monkeypatch.setattr(results, "load", lambda: busy)
+    assert results.settle(0, poll=0) is busy  # no wait asked: measured as it is
