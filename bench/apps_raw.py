@@ -34,7 +34,7 @@ RELIABLE: dict[str, Any] = {
     "worker_send_task_events": True,
     "task_track_started": True,
     "worker_soft_shutdown_timeout": 10.0,
-    "worker_enable_soft_shutdown_on_idle": True,
+    "worker_enable_soft_shutdown_on_idle": False,
     "task_time_limit": 300,
     "task_soft_time_limit": 270,
     "enable_utc": True,

@@ -62,6 +62,7 @@ def report(payload: Report, ctx: JobContext) -> str:
 def latest(payload: Slot, ctx: JobContext) -> str:
     """Works until told to stop (a newer ``replace`` occurrence), at most 8 s."""
     started = time.time()
+    app.store.put_state(f"test:latest-body:{payload.slot}", {"start": started}, 3600)
     while not ctx.is_stopping() and time.time() - started < 8:
         time.sleep(0.1)
     app.store.put_state(

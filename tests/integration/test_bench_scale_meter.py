@@ -26,9 +26,9 @@ ADDRESS = urlsplit(REDIS_BASE)
 class SlowReader(scale_meter.Trips):
     """A reader that takes a millisecond and more per line: far behind the server."""
 
-    def _line(self, command: dict[str, Any], in_transaction: set[tuple[str, str]]) -> None:
+    def _line(self, command: dict[str, Any]) -> None:
         time.sleep(0.002)
-        super()._line(command, in_transaction)
+        super()._line(command)
 
 
 class StuckReader(scale_meter.Trips):
@@ -37,10 +37,10 @@ class StuckReader(scale_meter.Trips):
     stuck = threading.Event()
     released = threading.Event()
 
-    def _line(self, command: dict[str, Any], in_transaction: set[tuple[str, str]]) -> None:
+    def _line(self, command: dict[str, Any]) -> None:
         if self.stuck.is_set():
             self.released.wait(60)
-        super()._line(command, in_transaction)
+        super()._line(command)
 
 
 def trips(kind: type[scale_meter.Trips]) -> scale_meter.Trips:
