@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from bench import common, procs
+from bench import common, proc_cpu, procs
 from bench.publisher import Producer
 from bench.report import Report, Row
 
@@ -56,6 +56,10 @@ class Target:
     #: a line of the worker's log that says it is consuming (when it has no ready file)
     ready_marker: bytes | None = None
     worker: procs.Worker | None = field(default=None, repr=False)
+    #: the Redis server's pid when it runs here (:func:`bench.proc_cpu.redis_pid`)
+    redis_pid: int | None = None
+    #: each measured slice's CPU per job by process (:mod:`bench.proc_cpu`)
+    cpu: list[dict[str, float]] = field(default_factory=list, repr=False)
 
     @property
     def hold(self) -> str:
@@ -127,6 +131,8 @@ def fill(client: Any, targets: Sequence[Target], n: int) -> None:
 def drain_slice(client: Any, item: Target, n: int, skip: int, timeout: float) -> float:
     """Move ``n`` held jobs into ``item``'s queue; jobs per second after the first ``skip``."""
     mover = client.register_script(MOVE)
+    pid = None if item.worker is None else item.worker.proc.pid
+    cpu_before = {} if pid is None else proc_cpu.snapshot(pid, item.redis_pid)
     moved_at = time.perf_counter()
     moved = int(mover(keys=[item.hold, f"bench:staging:{item.name}", item.queue], args=[n]))
     started, remaining = moved_at, moved
@@ -144,6 +150,8 @@ def drain_slice(client: Any, item: Target, n: int, skip: int, timeout: float) ->
             raise TimeoutError(f"{item.name}: {waiting} jobs still waiting after {timeout:.0f}s")
         time.sleep(POLL)
     elapsed = time.perf_counter() - started
+    if pid is not None:
+        item.cpu.append(proc_cpu.per_job(cpu_before, proc_cpu.snapshot(pid, item.redis_pid), moved))
     return remaining / elapsed if elapsed > 0 else float("nan")
 
 
@@ -184,8 +192,11 @@ def run(
         for item in targets:
             assert item.worker is not None
             item.worker.wait_ready(marker=item.ready_marker)
+        redis = proc_cpu.redis_pid(client)
         for item in targets:  # first jobs: imports, connections, forks
+            item.redis_pid = redis
             drain_slice(client, item, warm, 0, timeout=120)
+            item.cpu.clear()
         size = n // rounds
         skip = max(5, size // 50)
         measure = {
@@ -229,14 +240,36 @@ def ratio_row(section: str, rates: dict[str, list[float]], a: str, b: str, targe
     return Row(section, f"{a} vs {b} (rate ratio)", value, "x", target, note)
 
 
+def cpu_rows(
+    section: str, targets: Sequence[Target], pairs: Sequence[tuple[str, str]]
+) -> list[Row]:
+    """Each target's CPU per job (main + pool + Redis, the median of its slices), then
+    ``a``'s over ``b``'s, round by round (:mod:`bench.proc_cpu`). Lower is cheaper."""
+    by_name = {item.name: item for item in targets if item.cpu}
+    rows = []
+    for name, item in by_name.items():
+        parts = proc_cpu.medians(item.cpu)
+        what = f"CPU per job, {name} (worker main + pool + Redis)"
+        rows.append(Row(section, what, proc_cpu.total(parts), "us", "", proc_cpu.shown(parts)))
+    for a, b in pairs:
+        if a in by_name and b in by_name:
+            totals = [[proc_cpu.total(s) for s in by_name[name].cpu] for name in (a, b)]
+            value = common.median(common.ratios(*totals))
+            rows.append(Row(section, f"CPU per job, {a} vs {b} (ratio)", value, "x"))
+    return rows
+
+
 def section(report: Report, client: Any, *, n: int, rounds: int) -> None:
     """The main drain: conventions vs raw Celery (same settings, and its defaults)."""
     client.flushdb()
-    rates = run(client, [target(name) for name in MAIN], n, rounds)
+    targets = [target(name) for name in MAIN]
+    rates = run(client, targets, n, rounds)
     report.notes.append(f"drain: {verify(client, MAIN, WARM + n // rounds * rounds)}")
     report.add(ratio_row("drain", rates, "conv", "raw", ">= 0.9"))
     report.add(ratio_row("drain", rates, "conv", "default"))
     report.add(ratio_row("drain", rates, "raw", "default"))
+    for row in cpu_rows("drain", targets, [("conv", "raw"), ("raw", "default")]):
+        report.add(row)
     report.notes.append(f"drain: {n:,} jobs per variant in {rounds} interleaved slices")
     client.flushdb()
 
@@ -244,7 +277,8 @@ def section(report: Report, client: Any, *, n: int, rounds: int) -> None:
 def options_section(report: Report, client: Any, *, n: int, rounds: int) -> None:
     """What recovers the cost: each option's drain rate against the plain layer."""
     client.flushdb()
-    rates = run(client, [target(name) for name in OPTIONS], n, rounds)
+    targets = [target(name) for name in OPTIONS]
+    rates = run(client, targets, n, rounds)
     report.notes.append(f"options: {verify(client, OPTIONS, WARM + n // rounds * rounds)}")
     for name in OPTIONS[1:-2]:  # each option against the plain layer
         report.add(ratio_row("options", rates, name, "conv"))
@@ -252,5 +286,8 @@ def options_section(report: Report, client: Any, *, n: int, rounds: int) -> None
     report.add(ratio_row("options", rates, "conv", "default"))
     report.add(ratio_row("options", rates, "tuned", "default"))
     report.add(ratio_row("options", rates, "quiet", "default", ">= 1"))
+    shown = [item for item in targets if item.name in ("tuned", "raw_tuned", "quiet", "default")]
+    for row in cpu_rows("options", shown, [("tuned", "raw_tuned"), ("quiet", "default")]):
+        report.add(row)
     report.notes.append(f"options: {n:,} jobs per variant in {rounds} interleaved slices")
     client.flushdb()
