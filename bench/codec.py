@@ -21,7 +21,8 @@ def dumps(data: Any) -> str:
     """orjson's bytes as text (kombu's registry and transport expect ``str``)."""
     import orjson
 
-    return orjson.dumps(data, default=_default, option=orjson.OPT_NON_STR_KEYS).decode()
+    text: str = orjson.dumps(data, default=_default, option=orjson.OPT_NON_STR_KEYS).decode()
+    return text
 
 
 def loads(data: str | bytes | bytearray | memoryview) -> Any:

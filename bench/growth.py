@@ -136,7 +136,7 @@ def queues_arms(
     queue that has one (the oldest job's age), a constant an empty queue skips. What is
     asked here is whether the read grows with the backlog."""
     try:
-        from conventions.observability import queues  # type: ignore[attr-defined]  # another branch adds it
+        from conventions.observability import queues
     except ImportError:
         return None
     from bench import apps

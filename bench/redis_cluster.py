@@ -48,7 +48,7 @@ def _ping(node: redis.Redis, timeout: float = 120) -> None:
 
 
 def _ok(node: redis.Redis, masters: int) -> bool:
-    text = node.execute_command("CLUSTER", "INFO")
+    text = node.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
     info = text.decode() if isinstance(text, bytes) else str(text)
     fields = dict(line.split(":", 1) for line in info.split() if ":" in line)
     return (
@@ -89,9 +89,9 @@ def started(
         nodes = [redis.Redis(port=port) for port in ports]
         for node, (first, last) in zip(nodes, ranges(masters), strict=True):
             _ping(node)
-            node.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+            node.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)  # type: ignore[no-untyped-call]
         for node in nodes[1:]:
-            node.execute_command("CLUSTER", "MEET", "127.0.0.1", ports[0])
+            node.execute_command("CLUSTER", "MEET", "127.0.0.1", ports[0])  # type: ignore[no-untyped-call]
         deadline = time.monotonic() + 180
         while not all(_ok(node, masters) for node in nodes):
             if time.monotonic() > deadline:

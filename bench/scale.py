@@ -33,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ def pinning(pin: bool) -> tuple[list[str], list[str]]:
 
 
 def _spawn(
-    variant: str, jobs: int, amqp: str | None, trips: bool, prefix: list[str]
+    variant: str, jobs: int, amqp: str | None, trips: bool, prefix: Sequence[str] = ()
 ) -> dict[str, Any]:
     argv = [*prefix, sys.executable, "-m", "bench.scale", "--variant", variant, "--jobs", str(jobs)]
     argv += ["--trips"] if trips else []

@@ -210,7 +210,7 @@ class Trips:
 
     def _run(self) -> None:
         try:
-            with self.client.monitor() as monitor:
+            with self.client.monitor() as monitor:  # type: ignore[no-untyped-call]
                 for command in monitor.listen():
                     self.lines += 1
                     self._listening.set()

@@ -42,6 +42,7 @@ from bench.cluster_instructions import dump, valgrind, zero
 from bench.idle import own_redis
 from conventions.observability import audit
 from conventions.store import RedisStore
+from conventions.store.records import AuditEvent
 from conventions.store.redis_results import ResultWrite
 from conventions.tracing import headers as hdr
 
@@ -91,7 +92,7 @@ class Job:
         }
         self.owner = uuid.uuid4().hex
 
-    def _event(self, name: str, **more: Any) -> audit.AuditEvent | None:
+    def _event(self, name: str, **more: Any) -> AuditEvent | None:
         return audit.event(name, TASK, self.id, self.head, **more) if self.audited else None
 
     def publish(self) -> None:
@@ -159,7 +160,9 @@ def _count(
     # warm-up: every script loaded, and the fleet-wide indexes past Redis's small
     # encoding (128 members), as any store in use has them
     for job in [Job(store, audited) for _ in range(WARM_UP)]:
-        job.publish(), job.claim(), job.complete()
+        job.publish()
+        job.claim()
+        job.complete()
     batch = [Job(store, audited) for _ in range(jobs)]
     # the publishes first (a backlog), then claims and completions in waves of WAVE jobs,
     # as a worker's slots run them: the running index stays as small as a worker keeps it
