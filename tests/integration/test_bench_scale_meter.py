@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.timeout(120)]
 
 PINGS = 1500
 ADDRESS = urlsplit(REDIS_BASE)
+HOST, PORT = ADDRESS.hostname or "localhost", ADDRESS.port or 6379
 
 
 class SlowReader(scale_meter.Trips):
@@ -45,16 +46,16 @@ class StuckReader(scale_meter.Trips):
 
 def trips(kind: type[scale_meter.Trips]) -> scale_meter.Trips:
     try:
-        redis.Redis(host=ADDRESS.hostname, port=ADDRESS.port or 6379).ping()
+        redis.Redis(host=HOST, port=PORT).ping()
     except redis.RedisError as exc:
         pytest.skip(f"no Redis at {REDIS_BASE}: {exc}")
-    return kind(ADDRESS.port or 6379, stall=0.3, host=ADDRESS.hostname or "localhost")
+    return kind(PORT, stall=0.3, host=HOST)
 
 
 def test_a_take_waits_for_a_reader_far_behind_while_it_reads() -> None:
     with trips(SlowReader) as counter:
         counter.take()  # the pings that waited for MONITOR to listen
-        other = redis.Redis(host=ADDRESS.hostname, port=ADDRESS.port or 6379)
+        other = redis.Redis(host=HOST, port=PORT)
         pipe = other.pipeline(transaction=False)
         for _ in range(PINGS):
             pipe.ping()
