@@ -263,5 +263,5 @@ def run(  # noqa: PLR0917
         seconds=round(time.monotonic() - started, 1),
         chaos="; ".join(done),
         dead_letters=dead_letters,
-        **counts,  # type: ignore[arg-type]
+        **counts,
     )

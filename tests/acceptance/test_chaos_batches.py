@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -123,7 +124,9 @@ def _runs(recorder: redis.Redis, key: str) -> list[dict[str, int | str]]:
         return []
 
 
-def _wait_runs(recorder: redis.Redis, key: str, count: int, deadline: float) -> list[dict]:
+def _wait_runs(
+    recorder: redis.Redis, key: str, count: int, deadline: float
+) -> list[dict[str, Any]]:
     while time.monotonic() < deadline:
         runs = _runs(recorder, key)
         if len(runs) >= count:

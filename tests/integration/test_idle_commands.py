@@ -47,7 +47,7 @@ class Count:
     def __init__(self, port: int) -> None:
         self.client = redis.Redis(port=port)
         self.commands: collections.Counter[str] = collections.Counter()
-        self._monitor = self.client.monitor()
+        self._monitor = self.client.monitor()  # type: ignore[no-untyped-call]
         self._connection = self._monitor.__enter__()
         self._thread = threading.Thread(target=self._read, daemon=True)
 

@@ -48,7 +48,7 @@ def mover_calls(port: int, seconds: float) -> int:
     sha = scripts.sha_of(delayed.MOVE)
     seen: list[str] = []
     client = redis.Redis(port=port)
-    with client.monitor() as monitor:
+    with client.monitor() as monitor:  # type: ignore[no-untyped-call]
         stop = threading.Event()
 
         def read() -> None:

@@ -107,7 +107,7 @@ def test_a_failing_purge_is_logged_and_the_purger_keeps_going(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     purger = retention.Purger(
-        _BrokenApp(),  # type: ignore[arg-type]
+        _BrokenApp(),
         dead_letters=DAY,
         audit=DAY,
         interval=timedelta(seconds=0.05),

@@ -153,6 +153,7 @@ def test_a_members_claim_and_completion_end_it_in_its_batch_in_its_slot(store: S
     for batch_id in (child, parent):
         status = store.get_batch(batch_id)
         assert status is not None and (status.pending, status.failed) == (0, 0)
+    assert status is not None
     assert status.succeeded == 1  # the nested batch, one member of its parent
 
 

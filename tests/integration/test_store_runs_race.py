@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from conventions.observability import audit
 from conventions.store import SQLStore
+from conventions.store.records import AuditEvent
 from conventions.store.sql import make_engine
 from conventions.tracing import headers as hdr
 from tests.fixtures import unavailable
@@ -56,7 +57,7 @@ def _race(store: SQLStore, task_id: str) -> None:
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 
-    def write(event: audit.AuditEvent) -> None:
+    def write(event: AuditEvent) -> None:
         try:
             barrier.wait(timeout=10)
             store.add_audit(event)

@@ -93,6 +93,7 @@ def test_a_retry_is_captured_with_its_countdown_and_not_run_in_place(
     (retry,) = run.published
     assert retry.task_id == run.job.task_id and retry.retries == 1
     assert retry.countdown == run.delay and 0.5 <= (run.delay or 0) <= 1.0
+    assert retry.eta is not None
     assert retry.eta == run.ran_at + (retry.eta - retry.published_at)
     assert kit.enqueued() == [retry]
     assert isinstance(run.exception, TransientError)

@@ -43,7 +43,7 @@ def leaf_commands(
 def own_arguments(command: click.Command) -> list[str]:
     """How each parameter is written on the command line: ``--task``, or ``ID`` (the
     argument's metavar), leaving out ``--help``."""
-    out = []
+    out: list[str] = []
     for param in command.params:
         if isinstance(param, click.Option):
             out.extend(o for o in param.opts if o.startswith("--"))

@@ -30,7 +30,6 @@ def test_an_entry_reads_back_with_its_owner_outcome_and_time_left() -> None:
     # expires 1 s into day 100 (100 steps of 10 ms), owner and fingerprint, no outcome
     value = "0002s" + "3f2a9c1e|v1~ASNFZ4mrze8"
     assert redis_done.read([bucket], [value], now=now) == ["done", "3f2a9c1e", "succeeded", 1000]
-    assert redis_done.read([bucket], ["0002sexec-a||charged"], now=now)[:3] == [
-        "done", "exec-a", "charged",
-    ]  # fmt: skip
+    found = redis_done.read([bucket], ["0002sexec-a||charged"], now=now)
+    assert found is not None and found[:3] == ["done", "exec-a", "charged"]
     assert redis_done.read([bucket], [value], now=now + 2) is None  # expired: not done
