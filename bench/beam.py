@@ -58,11 +58,16 @@ def pids(url: str) -> list[int]:
     return [pid for pid in map(pid_listening, ports(url)) if pid is not None]
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """``/proc/<pid>/stat`` after the process's name: ``[state, ppid, ...]``."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu(pid: int | None) -> float | None:
     """Seconds of CPU (user + system) the process has used."""
     if pid is None:
         return None
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

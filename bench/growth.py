@@ -126,20 +126,15 @@ def drain_arms(client: Any, n: int, size: int, rounds: int) -> dict[str, list[fl
         client.delete(item.hold)
 
 
-def queues_arms(
-    client: Any, queue: str, rounds: int, reads: int = 200
-) -> dict[str, list[float]] | None:
+def queues_arms(client: Any, queue: str, rounds: int, reads: int = 200) -> dict[str, list[float]]:
     """Seconds per read of the queues view (``conventions.observability.queues``) with one
-    job waiting and with the backlog; None when the module is not there yet.
+    job waiting and with the backlog.
 
     The baseline is one job, not an empty queue: the view parses the head message of a
     queue that has one (the oldest job's age), a constant an empty queue skips. What is
     asked here is whether the read grows with the backlog."""
-    try:
-        from conventions.observability import queues
-    except ImportError:
-        return None
     from bench import apps
+    from conventions.observability import queues
 
     view = queues.from_app(apps.conv, client)
 
@@ -187,12 +182,7 @@ def section(report: Report, client: Any, *, size: int, n: int, rounds: int) -> N
     times = drain_arms(client, n, size, rounds)
     report.add(ratio_row(f"drain, {label} (rate ratio)", times, rates=True, unit="jobs/s"))
     view = queues_arms(client, queue, rounds)
-    if view is None:
-        report.notes.append(
-            "growth: conventions.observability.queues is not on this branch; queues view skipped"
-        )
-    else:
-        report.add(
-            ratio_row(f"queues view read, {label} vs one", view, rates=False, unit="us", base="one")
-        )
+    report.add(
+        ratio_row(f"queues view read, {label} vs one", view, rates=False, unit="us", base="one")
+    )
     client.flushdb()

@@ -26,13 +26,13 @@ def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (its pool), from every ``/proc/<pid>/stat``
     (not every kernel has ``/proc/<pid>/task/<tid>/children``)."""
     found: list[int] = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for entry in Path("/proc").glob("[0-9]*"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parent = int(beam.stat_fields(entry.name)[1])
         except (OSError, IndexError):  # gone meanwhile
             continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
+        if parent == pid:
+            found.append(int(entry.name))
     return found
 
 
