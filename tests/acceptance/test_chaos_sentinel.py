@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -31,7 +32,14 @@ from tests.acceptance.support_chaos import (
     shop_database,
 )
 from tests.integration import support_sentinel as group_support
-from tests.integration.test_sentinel import applied_events, env_for, publish, published
+from tests.integration.test_sentinel import (
+    applied_events,
+    env_for,
+    publish,
+    published,
+    stop,
+    until_applied,
+)
 
 pytestmark = pytest.mark.chaos
 
@@ -89,17 +97,19 @@ def test_a_failover_under_load_loses_no_acknowledged_job_and_duplicates_none(
         env = env_for(engine, 0, 1)
         workers = [Worker("tests.integration.support_sentinel", f"chaos-s{n}", "email", env,
                           tmp_path) for n in (1, 2)]  # fmt: skip
+        publisher: subprocess.Popen[bytes] | None = None
         try:
             for worker in workers:
                 worker.wait_ready()
             started = time.monotonic()
-            publisher = publish(env, JOBS, patience=90)
-            while scalar(engine, APPLIED) < kill_at:
-                assert publisher.poll() is None or scalar(engine, APPLIED) >= kill_at
-                time.sleep(0.02)
+            # the publisher stops half-way until the primary is killed: the other half
+            # goes out through the failover, however fast the workers are
+            publisher = publish(env, JOBS, patience=90, hold=JOBS // 2, go=tmp_path / "go")
+            until_applied(engine, publisher, kill_at)
             recovery = Recovery(engine)
             recovery.start()
             old, died = group.kill_primary()
+            (tmp_path / "go").touch()
             new = group.wait_new_primary(old)
             named = time.monotonic()
             recovery.promote()
@@ -130,6 +140,8 @@ def test_a_failover_under_load_loses_no_acknowledged_job_and_duplicates_none(
             assert recovered is not None
             assert all(worker.alive() for worker in workers), logs
         finally:
+            if publisher is not None:
+                stop(publisher)
             for worker in workers:
                 worker.terminate(timeout=30)
             if os.environ.get("CC_KEEP_SENTINEL_LOGS"):

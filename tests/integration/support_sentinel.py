@@ -279,10 +279,14 @@ def _worker_app() -> Any:
     return shop
 
 
-def publish_main(count: int, patience: float) -> None:
+def publish_main(count: int, patience: float, hold: int = 0, go: str = "") -> None:
     """The publisher process: one payment job per event ``evt_0001``.., each tried again
     while it is refused (a failover under way) for ``patience`` seconds; prints, as JSON,
-    the events acknowledged (``.delay()`` returned) and the refusals seen."""
+    the events acknowledged (``.delay()`` returned) and the refusals seen.
+
+    With ``hold`` and ``go`` (a file's path), it stops after ``hold`` jobs until the file
+    exists (a test creates it once its failover is under way, at most 120 s), so that the
+    rest are published through the failover however fast or slow the workers are."""
     from conventions.errors import BackendUnavailable
 
     _worker_app()
@@ -290,6 +294,10 @@ def publish_main(count: int, patience: float) -> None:
 
     acknowledged, refusals, seconds = [], 0, []
     for number in range(1, count + 1):
+        if go and number == hold + 1:
+            waited = time.monotonic() + 120
+            while not os.path.exists(go) and time.monotonic() < waited:
+                time.sleep(0.02)
         event_id = f"evt_{number:04d}"
         deadline = time.monotonic() + patience
         while True:
@@ -325,4 +333,5 @@ def __getattr__(name: str) -> Any:
 
 
 if __name__ == "__main__":
-    publish_main(int(sys.argv[1]), float(sys.argv[2]))
+    held = sys.argv[3:5] if len(sys.argv) > 4 else ["0", ""]
+    publish_main(int(sys.argv[1]), float(sys.argv[2]), int(held[0]), held[1])

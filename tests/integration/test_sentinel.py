@@ -57,11 +57,37 @@ def env_for(engine: Engine, broker_db: int, store_db: int) -> dict[str, str]:
     return env
 
 
-def publish(env: dict[str, str], count: int, patience: float = 30) -> subprocess.Popen[bytes]:
+def publish(
+    env: dict[str, str], count: int, patience: float = 30, hold: int = 0, go: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """The publisher process (``support_sentinel.publish_main``); with ``hold`` and
+    ``go``, it waits after ``hold`` jobs until the file ``go`` exists."""
+    held = [str(hold), str(go)] if go is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.support_sentinel", str(count), str(patience)],
+        [sys.executable, "-m", "tests.integration.support_sentinel", str(count), str(patience),
+         *held],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
+
+
+def until_applied(
+    engine: Engine, publisher: subprocess.Popen[bytes], wanted: int, timeout: float = 120
+) -> None:
+    """Until ``wanted`` jobs took effect, the publisher (held) still running."""
+    deadline = time.monotonic() + timeout
+    while scalar(engine, APPLIED) < wanted:
+        assert publisher.poll() is None, publisher.communicate()[0].decode(errors="replace")
+        assert time.monotonic() < deadline, f"{scalar(engine, APPLIED)} of {wanted} applied"
+        time.sleep(0.02)
+
+
+def stop(publisher: subprocess.Popen[bytes]) -> None:
+    """The publisher ended and its pipe closed, whatever happened."""
+    if publisher.poll() is None:
+        publisher.kill()
+    publisher.wait(10)
+    if publisher.stdout is not None:
+        publisher.stdout.close()
 
 
 def published(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
@@ -123,14 +149,16 @@ def test_a_failover_during_a_run_keeps_every_acknowledged_job_once(
     env = env_for(shop, 5, 6)
     workers = [Worker("tests.integration.support_sentinel", f"f{n}", "email", env, tmp_path)
                for n in (1, 2)]  # fmt: skip
+    publisher: subprocess.Popen[bytes] | None = None
     try:
         for worker in workers:
             worker.wait_ready()
-        publisher = publish(env, 200)
-        while scalar(shop, APPLIED) < 30:
-            assert publisher.poll() is None or scalar(shop, APPLIED) >= 30
-            time.sleep(0.05)
+        # the publisher stops after 100 jobs until the failover is asked for: the other
+        # 100 go out through it, however fast the workers are
+        publisher = publish(env, 200, hold=100, go=tmp_path / "go")
+        until_applied(shop, publisher, 30)
         old, _ = group.failover()
+        (tmp_path / "go").touch()
         new = group.wait_new_primary(old)
         answer = published(publisher)
         acknowledged = set(answer["acknowledged"])
@@ -143,6 +171,8 @@ def test_a_failover_during_a_run_keeps_every_acknowledged_job_once(
         # the workers follow the new primary: a job published now runs
         assert all(worker.alive() for worker in workers), logs
     finally:
+        if publisher is not None:
+            stop(publisher)
         for worker in workers:
             worker.terminate(timeout=20)
 
