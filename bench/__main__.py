@@ -1,6 +1,6 @@
 """``python -m bench [SECTION ...] [--quick]``: the benchmarks against raw Celery and peers.
 
-Sections (all by default, in this order): ``publish``, ``drain``, ``options``,
+Sections (all by default, in this order): ``publish``, ``drain``, ``options``, ``promises``,
 ``latency``, ``transport``, ``priorities``, ``idle``, ``peers``, ``growth``, ``store``, ``profile``,
 ``rabbitmq`` (the layer against raw Celery on RabbitMQ: ``BENCH_AMQP_URL``). Every
 comparison is interleaved (A B A B ..., at least 5 rounds) and reported as the median of
@@ -23,6 +23,7 @@ SECTIONS = (
     "publish",
     "drain",
     "options",
+    "promises",
     "latency",
     "transport",
     "priorities",
@@ -127,6 +128,7 @@ def main(argv: list[str]) -> int:
         "publish": lambda: publish.section(report, client, n=sizes.publish, rounds=rounds),
         "drain": lambda: drain.section(report, client, n=sizes.drain, rounds=rounds),
         "options": lambda: drain.options_section(report, client, n=sizes.options, rounds=rounds),
+        "promises": lambda: drain.promises_section(report, client, n=sizes.options, rounds=rounds),
         "latency": lambda: latency.section(report, client, samples=sizes.latency),
         "transport": lambda: transport_section.section(
             report, client, n=sizes.options, rounds=rounds

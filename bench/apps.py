@@ -6,7 +6,11 @@ changes only its routing, so that each variant has its own queue on the same Red
 database and several workers can stay up side by side. ``lean`` also turns off what a
 job's caller rarely reads: stored results, the STARTED state and the "sent" event;
 ``tuned`` adds Celery's default prefetch (4 per process) to that, still with late acks;
-``conv_noruns`` is the reliable profile without run history (``bench.scale`` weighs it).
+``conv_noruns`` is the reliable profile without run history (``bench.scale`` weighs it);
+``quiet_noruns`` is ``quiet`` without it, and ``quiet_bare`` is ``quiet`` without run
+history or the audit events of the claim and the completion (no setting turns the audit
+trail off: :class:`Unaudited` drops them, a bench-only measure of what they cost; the
+ledger's claim and completion, dedup and the once-only promise stay).
 The job body does nothing: what is measured is the cost of the machinery around it, the
 worst case for the ratio.
 
@@ -33,6 +37,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "tuned": common.TUNED,
     "quiet": common.QUIET,
     "conv_noruns": {"conventions_runs_enabled": False},
+    "quiet_noruns": {**common.QUIET, "conventions_runs_enabled": False},
+    "quiet_bare": {**common.QUIET, "conventions_runs_enabled": False},
 }
 
 
@@ -52,9 +58,31 @@ def task_name(variant: str) -> str:
     return f"bench.noop_{variant}.v1"
 
 
+class Unaudited(App):
+    """Bench only: an app whose worker claims and completes without their audit events
+    (what the audit trail costs a job; not a setting of the layer)."""
+
+    @property
+    def store(self) -> Any:
+        found = super().store
+        if "_bench_unaudited" not in found.__dict__:
+            for name in ("claim", "complete"):
+                found.__dict__[name] = _without_audit(getattr(found, name))
+            found.__dict__["_bench_unaudited"] = True
+        return found
+
+
+def _without_audit(method: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        kwargs["audit"] = None
+        return method(*args, **kwargs)
+
+    return call
+
+
 def make(variant: str) -> App:
     """A convention app on the reliable profile whose only workload goes to its queue."""
-    app = App(f"bench_{variant}")
+    app = (Unaudited if variant == "quiet_bare" else App)(f"bench_{variant}")
     app.config_from_object("celeryconfig")
     workloads = {"bench": queue(variant)}
     app.conf.update(
@@ -81,3 +109,5 @@ lean_fast = make("lean_fast")
 tuned = make("tuned")
 quiet = make("quiet")
 conv_noruns = make("conv_noruns")
+quiet_noruns = make("quiet_noruns")
+quiet_bare = make("quiet_bare")

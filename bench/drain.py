@@ -88,6 +88,8 @@ CONV_FLAGS = {
     "tuned": ("--orjson",),
     "raw_tuned": ("--orjson",),
     "quiet": ("--orjson",),
+    "quiet_noruns": ("--orjson",),
+    "quiet_bare": ("--orjson",),
 }
 #: what each variant is, in the report
 LABELS = {
@@ -100,6 +102,8 @@ LABELS = {
     "raw": "raw Celery, same reliable settings",
     "raw_tuned": "raw Celery + lean + orjson + hiredis + prefetch 4",
     "quiet": "conventions + tuned + no task events",
+    "quiet_noruns": "quiet without run history",
+    "quiet_bare": "quiet without run history or the claim's and completion's audit events",
     "default": "raw Celery, its defaults",
 }
 
@@ -259,6 +263,11 @@ def cpu_rows(
     return rows
 
 
+#: what the promises cost a job that keeps no result: ``quiet`` as it is, without run
+#: history, without it and the audit events, and raw Celery's defaults
+PROMISES = ("quiet", "quiet_noruns", "quiet_bare", "default")
+
+
 def section(report: Report, client: Any, *, n: int, rounds: int) -> None:
     """The main drain: conventions vs raw Celery (same settings, and its defaults)."""
     client.flushdb()
@@ -290,4 +299,23 @@ def options_section(report: Report, client: Any, *, n: int, rounds: int) -> None
     for row in cpu_rows("options", shown, [("tuned", "raw_tuned"), ("quiet", "default")]):
         report.add(row)
     report.notes.append(f"options: {n:,} jobs per variant in {rounds} interleaved slices")
+    client.flushdb()
+
+
+def promises_section(report: Report, client: Any, *, n: int, rounds: int) -> None:
+    """What run history and the audit trail cost a job that keeps no result (``quiet``),
+    and what is left against raw Celery's defaults without them: the ledger's claim and
+    completion, late acks, the inbox."""
+    client.flushdb()
+    targets = [target(name) for name in PROMISES]
+    rates = run(client, targets, n, rounds)
+    report.notes.append(f"promises: {verify(client, PROMISES, WARM + n // rounds * rounds)}")
+    for name in PROMISES[:-1]:
+        report.add(ratio_row("promises", rates, name, "default", ">= 1" if name == "quiet" else ""))
+    report.add(ratio_row("promises", rates, "quiet_noruns", "quiet"))
+    report.add(ratio_row("promises", rates, "quiet_bare", "quiet"))
+    pairs = [(name, "default") for name in PROMISES[:-1]]
+    for row in cpu_rows("promises", targets, pairs):
+        report.add(row)
+    report.notes.append(f"promises: {n:,} jobs per variant in {rounds} interleaved slices")
     client.flushdb()
