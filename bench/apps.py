@@ -14,6 +14,9 @@ ledger's claim and completion, dedup and the once-only promise stay).
 The job body does nothing: what is measured is the cost of the machinery around it, the
 worst case for the ratio.
 
+Each app is made when first named (``bench.apps:quiet``): a worker or a publisher
+process holds its own variant's app alone.
+
 Raw Celery lives in :mod:`bench.apps_raw`, which never imports ``conventions``: our
 ``before_task_publish`` handler is process-wide and would otherwise run on raw publishes.
 """
@@ -101,13 +104,17 @@ def make(variant: str) -> App:
     return app
 
 
-conv = make("conv")
-lean = make("lean")
-conv_orjson = make("conv_orjson")
-conv_hiredis = make("conv_hiredis")
-lean_fast = make("lean_fast")
-tuned = make("tuned")
-quiet = make("quiet")
-conv_noruns = make("conv_noruns")
-quiet_noruns = make("quiet_noruns")
-quiet_bare = make("quiet_bare")
+#: the apps made so far (:func:`__getattr__`)
+_MADE: dict[str, App] = {}
+
+
+def __getattr__(name: str) -> App:
+    """``bench.apps:<variant>`` (``celery -A``, the publishers): each variant's app is
+    made when first named, so a process holds only its own, as a user's does. Every app
+    connects its signal receivers (each returns at once for another app's job), so ten
+    apps in a process would make every publish and every run call ten of each."""
+    if name not in VARIANTS:
+        raise AttributeError(name)
+    if name not in _MADE:
+        _MADE[name] = make(name)
+    return _MADE[name]

@@ -141,8 +141,18 @@ class RabbitNode:
             [self.server, "-detached"], env=self.env(), capture_output=True, timeout=30,
             check=True,
         )  # fmt: skip
-        self.ctl("wait", str(self.pid_file), "--timeout", str(START_TIMEOUT),
-                 timeout=START_TIMEOUT + 10)  # fmt: skip
+        waited = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                self.ctl("wait", str(self.pid_file), "--timeout", str(START_TIMEOUT),
+                         timeout=START_TIMEOUT + 10)  # fmt: skip
+                break
+            except RuntimeError as exc:
+                # the server writes its pid file while rabbitmqctl reads it: an empty or
+                # half-written file is "garbage", not a failed start (seen in a chaos run)
+                if "garbage_in_pid_file" not in str(exc) or time.monotonic() > waited:
+                    raise
+                time.sleep(0.2)
         deadline = time.monotonic() + 30
         while not self._listening():
             if time.monotonic() > deadline:
