@@ -280,50 +280,15 @@ def _worker_app() -> Any:
 
 
 def publish_main(count: int, patience: float, hold: int = 0, go: str = "") -> None:
-    """The publisher process: one payment job per event ``evt_0001``.., each tried again
-    while it is refused (a failover under way) for ``patience`` seconds; prints, as JSON,
-    the events acknowledged (``.delay()`` returned) and the refusals seen.
-
-    With ``hold`` and ``go`` (a file's path), it stops after ``hold`` jobs until the file
-    exists (a test creates it once its failover is under way, at most 120 s), so that the
-    rest are published through the failover however fast or slow the workers are."""
-    from conventions.errors import BackendUnavailable
+    """The publisher process on the group: one payment job per event ``evt_0001``..,
+    each tried again while it is refused (a failover under way) for ``patience``
+    seconds; prints, as JSON, the events acknowledged (``.delay()`` returned) and the
+    refusals seen. ``hold`` and ``go``: see
+    :func:`tests.acceptance.support_cluster_chaos.publish_events`."""
+    from tests.acceptance.support_cluster_chaos import publish_events
 
     _worker_app()
-    from tasks.payments import apply_event
-
-    acknowledged, refusals, seconds = [], 0, []
-    for number in range(1, count + 1):
-        if go and number == hold + 1:
-            waited = time.monotonic() + 120
-            while not os.path.exists(go) and time.monotonic() < waited:
-                time.sleep(0.02)
-        event_id = f"evt_{number:04d}"
-        deadline = time.monotonic() + patience
-        while True:
-            started = time.perf_counter()
-            try:
-                apply_event.delay(event_id=event_id)
-            except BackendUnavailable:
-                refusals += 1
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-                continue
-            seconds.append(time.perf_counter() - started)
-            acknowledged.append(event_id)
-            break
-    seconds.sort()
-    print(
-        json.dumps(
-            {
-                "acknowledged": acknowledged,
-                "refusals": refusals,
-                "median_ms": 1000 * seconds[len(seconds) // 2] if seconds else None,
-            }
-        ),
-        flush=True,
-    )
+    print(json.dumps(publish_events(count, patience, hold, go)), flush=True)
 
 
 def __getattr__(name: str) -> Any:
@@ -333,5 +298,6 @@ def __getattr__(name: str) -> Any:
 
 
 if __name__ == "__main__":
-    held = sys.argv[3:5] if len(sys.argv) > 4 else ["0", ""]
-    publish_main(int(sys.argv[1]), float(sys.argv[2]), int(held[0]), held[1])
+    from tests.acceptance.support_cluster_chaos import arguments
+
+    publish_main(*arguments(sys.argv))
