@@ -5,8 +5,8 @@ Sections (all by default, in this order): ``publish``, ``drain``, ``options``, `
 ``rabbitmq`` (the layer against raw Celery on RabbitMQ: ``BENCH_AMQP_URL``). Every
 comparison is interleaved (A B A B ..., at least 5 rounds) and reported as the median of
 its per-round ratios: the machines are shared and noisy, absolute times are not.
-``--quick`` shrinks every size (a few minutes); the full run takes about 27 on 2 quiet
-cores (``idle``'s 600 wake-up trials about 16 of them, the rest 11). The results
+``--quick`` shrinks every size (a few minutes); the full run takes about 28 on 2 quiet
+cores (``idle``'s 600 wake-up trials about 16 of them, the rest 12). The results
 print as Markdown (``--out`` writes them to a file, ``--json`` as data). Redis:
 ``BENCH_REDIS_URL`` (default DB 14), emptied by the run. Never part of ``make test``.
 """

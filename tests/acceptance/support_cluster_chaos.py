@@ -27,7 +27,7 @@ from typing import Any
 
 
 def publish_events(count: int, patience: float, hold: int = 0, go: str = "") -> dict[str, Any]:
-    """One payment job per event ``evt_0001``..: what :mod:`this module <.>` prints."""
+    """One payment job per event ``evt_0001``..; answers what the module prints."""
     from conventions.errors import BackendUnavailable
     from tasks.payments import apply_event
 
