@@ -47,7 +47,11 @@ def commit() -> str:
 STEAL_NOISY = 0.02
 
 
-def cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+#: the kernel's CPU accounting: the ``cpu`` line's ticks since boot
+PROC_STAT = Path("/proc/stat")
+
+
+def cpu_ticks(stat: Path = PROC_STAT) -> tuple[int, int] | None:
     """The machine's (steal, total) CPU ticks since boot, from the ``cpu`` line of
     ``/proc/stat``; None where there is no such file (not Linux)."""
     try:
@@ -68,25 +72,28 @@ def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> f
     return round((end[0] - start[0]) / (end[1] - start[1]), 4)
 
 
-def load() -> dict[str, Any]:
+def load(stat: Path = PROC_STAT) -> dict[str, Any]:
     """The machine's load now: the 1/5/15-minute averages, the cores they share and the
-    CPU ticks a later reading takes the run's steal from."""
+    CPU ticks (read from ``stat``) a later reading takes the run's steal from."""
     one, five, fifteen = os.getloadavg()
     cores = os.cpu_count() or 1
     return {
         "average": [round(one, 2), round(five, 2), round(fifteen, 2)],
         "cores": cores,
         "quiet": max(one, five) < 0.5 * cores,
-        "ticks": cpu_ticks(),
+        "ticks": cpu_ticks(stat),
     }
 
 
-def meta(command: str, load_at_start: dict[str, Any] | None = None) -> dict[str, Any]:
+def meta(
+    command: str, load_at_start: dict[str, Any] | None = None, stat: Path = PROC_STAT
+) -> dict[str, Any]:
     """What a result file says of its run. ``quiet`` is False when the load average was at
     or above half the cores at the start (something else ran), or when the hypervisor took
     ``STEAL_NOISY`` or more of the CPU time during the run: its figures are then noisy.
-    The load at the end is kept but not judged: the bench's own workers raise it."""
-    end = load()
+    The load at the end is kept but not judged: the bench's own workers raise it.
+    ``stat``: where the CPU ticks are read (``/proc/stat``)."""
+    end = load(stat)
     start = load_at_start or end
     steal = steal_share(start.get("ticks"), end.get("ticks"))
     return {

@@ -1,9 +1,13 @@
-"""Test environment: real Redis and PostgreSQL, isolated per run.
+"""Test environment: real Redis, PostgreSQL and RabbitMQ, isolated per test worker.
 
-The environment is set here, before ``celeryconfig`` is imported: the broker and the
-store get their own Redis database numbers, the shop its own PostgreSQL database (made
-lazily, so unit tests need neither). Without Redis or PostgreSQL a laptop run skips the
-tests that need them; in CI (``CI`` set) it fails instead (dramatiq's rule).
+The environment is set here, before ``celeryconfig`` is imported. Each pytest-xdist
+worker (:mod:`tests.isolation`) runs on a ``redis-server`` of its own (started by a
+session fixture; ``TEST_REDIS_URL`` names a server to share instead), where the broker
+and the store get their own database numbers; on a RabbitMQ vhost of its own
+(``TEST_AMQP_URL`` names one to share instead); and the shop gets its own PostgreSQL
+database (made lazily, so unit tests need neither). Without Redis or PostgreSQL a
+laptop run skips the tests that need them; in CI (``CI`` set) it fails instead
+(dramatiq's rule).
 """
 
 from __future__ import annotations
@@ -11,7 +15,15 @@ from __future__ import annotations
 import os
 import uuid
 
-REDIS_BASE = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
+from tests import isolation
+
+#: whether this worker starts a redis-server of its own (no ``TEST_REDIS_URL`` given)
+OWN_REDIS = "TEST_REDIS_URL" not in os.environ
+REDIS_BASE = os.environ.get("TEST_REDIS_URL", f"redis://127.0.0.1:{isolation.REDIS_PORT}")
+#: whether this worker makes a vhost of its own (no ``TEST_AMQP_URL`` given); the
+#: RabbitMQ tests' apps and the processes they start read ``TEST_AMQP_URL``
+OWN_VHOST = "TEST_AMQP_URL" not in os.environ
+os.environ.setdefault("TEST_AMQP_URL", f"amqp://guest:guest@127.0.0.1:5672/{isolation.VHOST}")
 BROKER_DB = int(os.environ.get("TEST_BROKER_DB", "10"))
 STORE_DB = int(os.environ.get("TEST_STORE_DB", "11"))
 PG_BASE = os.environ.get("TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")

@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 import pytest
 import redis
 
-from tests.conftest import BROKER_DB, PG_BASE, REDIS_BASE, SHOP_DB, STORE_DB
+from tests import isolation
+from tests.conftest import BROKER_DB, OWN_REDIS, OWN_VHOST, PG_BASE, REDIS_BASE, SHOP_DB, STORE_DB
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,6 +59,32 @@ def _skip_or_fail(message: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_servers() -> Iterator[None]:
+    """This test worker's own servers (:mod:`tests.isolation`): its ``redis-server``
+    and its RabbitMQ vhost, made before its first test and gone after its last. Where
+    the tool is missing (a laptop without redis-server or rabbitmqctl) nothing starts,
+    and the tests that need the server skip or fail as they do without one."""
+    own = isolation.OwnRedis() if OWN_REDIS and shutil.which("redis-server") else None
+    if own is not None:
+        own.start()
+    vhost = OWN_VHOST and isolation.rabbitmqctl() is not None
+    if vhost:
+        try:
+            isolation.fresh_vhost()
+        except (RuntimeError, subprocess.TimeoutExpired):
+            if os.environ.get("CI"):
+                raise
+            vhost = False  # no RabbitMQ answers here: its tests skip on their own
+    try:
+        yield
+    finally:
+        if vhost:
+            isolation.drop_vhost()
+        if own is not None:
+            own.stop()
 
 
 def _own_redis_db(db: int) -> Iterator[redis.Redis]:

@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.acceptance.rabbit_node import RabbitNode
+from tests.isolation import fixed
 
 #: the AMQP ports a cluster may take, the first three by default (the distribution ports
 #: are 20000 above)
-PORTS = (5700, 5701, 5702, 5703, 5704)
+PORTS = tuple(fixed(port) for port in range(5700, 5705))
 #: seconds without a tick before a node declares a peer down (Erlang's default is 60)
 NET_TICKTIME = 8
 CONF = "queue_leader_locator = balanced\ncluster_partition_handling = pause_minority\n"

@@ -19,12 +19,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.isolation import fixed
+
 #: where the Debian package keeps the scripts that run as the calling user (the ones in
 #: /usr/sbin switch to the rabbitmq user, who cannot write the test's folder)
 SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 #: the AMQP ports a private node may take (its distribution port is this + 20000);
 #: ``TEST_RABBIT_PORTS=5720-5729`` gives a run ports of its own beside others on a machine
-_FIRST, _, _LAST = os.environ.get("TEST_RABBIT_PORTS", "5680-5689").partition("-")
+_FIRST, _, _LAST = os.environ.get("TEST_RABBIT_PORTS", f"{fixed(5680)}-{fixed(5689)}").partition(
+    "-"
+)
 PORTS = range(int(_FIRST), int(_LAST or _FIRST) + 1)
 DIST_OFFSET = 20000
 #: seconds a start may take (a cold node starts in about 6 s on this machine)

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from tasks import shop
+from tests.isolation import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the chaos suite's base seed: fixed, so that a failing run can be replayed
@@ -64,13 +64,6 @@ MISSING_RECEIPTS = """
       AND NOT EXISTS (SELECT 1 FROM sent_emails s WHERE s.order_id = o.id)
 """
 RECEIPTS = "SELECT count(*) FROM sent_emails"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class RedisServer:

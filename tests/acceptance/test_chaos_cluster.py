@@ -36,12 +36,13 @@ from tests.acceptance.support_chaos import (
 )
 from tests.integration import support_cluster
 from tests.integration.test_sentinel import applied_events, stop, until_applied
+from tests.isolation import fixed
 
 pytestmark = pytest.mark.chaos
 
 JOBS = 2000
 #: the chaos cluster: three masters, three replicas
-PORTS = (7110, 7111, 7112, 7113, 7114, 7115)
+PORTS = tuple(fixed(port) for port in range(7110, 7116))
 #: seconds the killed master stays down before it is started again
 DOWN = 3.0
 #: how long nothing may move before the run is declared over

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 import uuid
@@ -44,6 +43,7 @@ from tests.integration import (
     support_jobs,  # registers testing.probe.v1 (the heavy-queue probe)
     support_runs,  # registers testing.runs_retry.v1
 )
+from tests.isolation import free_port
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,15 +73,9 @@ def by_headers(request: Any) -> Principal | None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def base_url(services: None) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     web = console_app(app, authorizer=by_headers, secret=SECRET, refresh_seconds=1)
     server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -22,14 +22,9 @@ from kombu import Connection, Exchange, Producer
 from tasks import app
 from tests.fixtures import ROOT, WorkerProcess
 from tests.integration.helpers import wait_for
+from tests.isolation import free_port
 
 INCLUDE = "tests.integration.support_jobs,tests.integration.support_tracing"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

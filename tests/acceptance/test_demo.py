@@ -27,6 +27,7 @@ from conventions.store import open_store
 from tasks import shop
 from tests.fixtures import unavailable
 from tests.integration import support_cluster
+from tests.isolation import fixed
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / ".demo"
@@ -185,7 +186,7 @@ def test_the_demo_on_redis_shows_queue_ages_and_metrics_and_its_numbers_are_true
 
 #: the demo's cluster: three masters and their replicas (the doctor refuses a store
 #: cluster without replicas), on ports of this test's own
-DEMO_CLUSTER_PORTS = (7120, 7121, 7122, 7123, 7124, 7125)
+DEMO_CLUSTER_PORTS = tuple(fixed(port) for port in range(7120, 7126))
 
 
 @pytest.mark.chaos

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ from types import TracebackType
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures import ROOT
+from tests.isolation import free_port
 
 #: (sample name, queue, task) -> value; labels the sample lacks are ""
 Scrape = dict[tuple[str, str, str], float]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ExporterProcess:

@@ -20,6 +20,7 @@ from kombu import Exchange, Producer
 
 from conventions.store.records import AuditEvent, DeadLetter
 from tests.conftest import BROKER_DB, REDIS_BASE
+from tests.isolation import free_port
 
 T = TypeVar("T")
 
@@ -196,18 +197,12 @@ class Monitor:
                 if line.get("client_type") == "lua" and about in line["command"]]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class SpareRedis:
     """A Redis server of the test's own on a spare port, to stop and start again (a
     store or broker that is really down, never a mock)."""
 
     def __init__(self, password: str | None = None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 

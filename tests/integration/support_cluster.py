@@ -22,10 +22,15 @@ from pathlib import Path
 
 import redis
 
+from tests.isolation import fixed
+
 #: the contract suite's cluster: three masters, no replicas (``TEST_CLUSTER_PORTS=7300,
 #: 7301,7302`` gives a run ports of its own beside others on a machine)
 CONTRACT_PORTS = tuple(
-    int(port) for port in os.environ.get("TEST_CLUSTER_PORTS", "7100,7101,7102").split(",")
+    int(port)
+    for port in os.environ.get(
+        "TEST_CLUSTER_PORTS", f"{fixed(7100)},{fixed(7101)},{fixed(7102)}"
+    ).split(",")
 )
 #: milliseconds before a master that does not answer is failed over by its replica
 NODE_TIMEOUT_MS = 1000

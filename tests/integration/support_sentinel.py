@@ -27,9 +27,12 @@ from typing import Any
 
 import redis
 
+from tests.isolation import fixed
+
 MASTER = "ccmaster"
-PORTS = (6400, 6401)
-SENTINEL_PORTS = (26400, 26401, 26402)
+#: this test worker's block (:func:`tests.isolation.fixed`)
+PORTS = (fixed(6400), fixed(6401))
+SENTINEL_PORTS = (fixed(26400), fixed(26401), fixed(26402))
 SENTINELS = ";".join(f"sentinel://127.0.0.1:{port}" for port in SENTINEL_PORTS)
 #: milliseconds a sentinel waits before it says the primary is down, and the failover bound
 DOWN_AFTER_MS = 1000

@@ -10,7 +10,6 @@ between the failure and the replay) and the reference ``payments.apply_event.v1`
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from conventions.store.records import AuditEvent, DeadLetter
 from tasks import app
 from tasks.payments import apply_event
 from tests.integration import support_flaky, support_jobs  # register their jobs before the worker
+from tests.isolation import free_port
 
 T = TypeVar("T")
 WAIT = 20.0
@@ -45,16 +45,10 @@ def by_headers(request: Any) -> Principal | None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def base_url(services: None) -> Iterator[str]:
     """The console of the reference app, served by a real uvicorn in a thread."""
-    port = _free_port()
+    port = free_port()
     web = console_app(app, authorizer=by_headers, secret=SECRET)
     server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from tasks import app
 from tests.integration import support_console as hostile
 from tests.integration.helpers import wait_for
 from tests.integration.test_console import SECRET, by_headers
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 
@@ -66,9 +66,7 @@ JAVASCRIPT_URL = re.compile(r"""(href|src|action|formaction)\s*=\s*["']?\s*javas
 @pytest.fixture(scope="module")
 def base_url(services: None) -> Iterator[str]:
     """The console of the reference app, served by a real uvicorn in a thread."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     web = console_app(app, authorizer=by_headers, secret=SECRET)
     config = uvicorn.Config(web, host="127.0.0.1", port=port, log_level="critical")
     server = uvicorn.Server(config)

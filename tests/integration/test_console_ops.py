@@ -8,7 +8,6 @@ holds its key unless forced), the schedules' cadence and banners, and the CLI's
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from tasks import app
 from tests.integration import support_flaky, support_jobs
 from tests.integration.helpers import wait_for
 from tests.integration.test_console import SECRET, by_headers, client, token_of
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("thread_worker", "clean_store")
 APPLY = "payments.apply_event.v1"
@@ -39,9 +39,7 @@ APPLY = "payments.apply_event.v1"
 
 @pytest.fixture(scope="module")
 def base_url(services: None) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     web = console_app(app, authorizer=by_headers, secret=SECRET)
     server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

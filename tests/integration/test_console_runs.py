@@ -4,7 +4,6 @@ page with its attempts, errors, logs and children."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from tests.integration import support_capacity as cap
 from tests.integration import support_runs  # registers testing.runs_retry.v1
 from tests.integration.helpers import wait_for
 from tests.integration.test_console import SECRET, by_headers, client
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("thread_worker", "clean_store")
 
@@ -29,9 +29,7 @@ pytestmark = pytest.mark.usefixtures("thread_worker", "clean_store")
 @pytest.fixture(scope="module")
 def base_url(services: None) -> Iterator[str]:
     """The console of the reference app, served by a real uvicorn in a thread."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     web = console_app(app, authorizer=by_headers, secret=SECRET)
     server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ import httpx
 import pytest
 
 from conventions.console import csrf
+from tests.isolation import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 #: where ``conventions web`` reads the secret its processes share
 SECRET_ENV = "CONVENTIONS_CONSOLE_SECRET"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serve(*args: str, secret: str | None = None) -> subprocess.Popen[str]:
@@ -70,7 +64,7 @@ BOUNDED = 20 * 1024 * 1024
 
 @pytest.fixture
 def served(services: None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    port = _free_port()
+    port = free_port()
     process = _serve("--insecure-local", "--port", str(port))
     try:
         yield f"http://127.0.0.1:{port}", process
@@ -82,7 +76,7 @@ def served(services: None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
 def pair(services: None) -> Iterator[tuple[tuple[str, subprocess.Popen[str]], ...]]:
     """Two ``conventions web`` processes of one console (a load balancer's two backends),
     sharing ``CONVENTIONS_CONSOLE_SECRET``."""
-    ports = (_free_port(), _free_port())
+    ports = (free_port(), free_port())
     processes = [_serve("--insecure-local", "--port", str(p), secret=SHARED) for p in ports]
     try:
         yield tuple((f"http://127.0.0.1:{p}", pr) for p, pr in zip(ports, processes, strict=True))
@@ -180,7 +174,7 @@ def test_an_expired_csrf_token_is_refused(
 
 
 def test_an_authorizer_is_loaded_from_module_colon_callable(services: None) -> None:
-    port = _free_port()
+    port = free_port()
     process = _serve("--authorizer", "conventions.console.auth:local_admin", "--port", str(port))
     try:
         assert _up(f"http://127.0.0.1:{port}/queues", process).status_code == 200
@@ -239,7 +233,7 @@ def test_mounted_in_fastapi_it_is_behind_the_apps_own_login(services: None) -> N
     def home() -> dict[str, str]:
         return {"app": "yours"}
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -332,7 +326,7 @@ def test_served_from_django_it_is_behind_djangos_login(services: None, tmp_path:
         cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     admin_session, staff_session = login.stdout.split()
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "console_site.asgi:application", "--port", str(port),
          "--log-level", "warning"],

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,21 +24,16 @@ from tasks import db
 from tasks.receipts import send_receipt
 from tests.integration import support_outbox as ob
 from tests.integration.helpers import wait_for
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("clean_store", "thread_worker")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def checkout() -> Iterator[str]:
     """The FastAPI example under uvicorn on a loopback port; its base URL."""
     ob.reset_outbox()
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "uvicorn", "examples.fastapi_outbox:api", "--host"]
     server = subprocess.Popen(
         [*command, "127.0.0.1", "--port", str(port), "--log-level", "warning"],

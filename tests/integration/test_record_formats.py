@@ -5,7 +5,6 @@ writes."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ from conventions.config import formats
 from conventions.console import Principal, Role, console_app
 from conventions.store.records import AuditEvent, Category, DeadLetter, utcnow
 from tasks import app
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 
@@ -72,9 +72,7 @@ def console() -> Iterator[httpx.Client]:
     web = console_app(
         app, authorizer=lambda _: Principal("ops", Role("read-only")), secret=b"s" * 32
     )
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

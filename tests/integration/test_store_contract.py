@@ -37,9 +37,11 @@ from conventions.store import (
 )
 from conventions.store.records import AuditEvent, Category, Claim, ClaimStatus, DeadLetter
 from conventions.store.sql import make_engine
+from tests.conftest import REDIS_BASE
 from tests.fixtures import unavailable
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+#: database 15 of the test worker's Redis (tests/conftest.py)
+REDIS_URL = f"{REDIS_BASE}/15"
 POSTGRES_URL = os.environ.get(
     "TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
