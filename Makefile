@@ -34,17 +34,25 @@ docs: install
 	$(BIN)/mkdocs build --strict -q
 
 unit: install
-	$(BIN)/pytest tests/unit -q -p no:cacheprovider
+	$(BIN)/pytest tests/unit -q -p no:cacheprovider -n $(TEST_WORKERS) $(XDIST)
+
+# The suite runs in parallel (pytest-xdist), a test file to a worker (--dist loadfile: a
+# module's fixtures, its workers and servers, are made once), each worker on servers of
+# its own (tests/isolation.py). The tests mostly wait on real workers, servers and timers,
+# so more workers than cores pays: TEST_WORKERS=4 by default, TEST_WORKERS=0 runs serially.
+TEST_WORKERS  ?= 4
+CHAOS_WORKERS ?= 3
+XDIST = -p xdist --dist loadfile
 
 # pytest exits 5 when it collects nothing: make fails then, so CI never passes on nothing.
 # The long chaos runs (marked `chaos`: kill -9, SIGTERM, Redis crashes, thousands of jobs)
 # are `make chaos`; CI (.ci/run) runs both.
 test: install services test-deps lint typecheck docs
 	$(BIN)/python scripts/check_layering.py
-	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -m "not chaos" -p no:cacheprovider --durations=15
+	$(BIN)/pytest tests/unit tests/compat tests/integration tests/acceptance tests/packaging -m "not chaos" -p no:cacheprovider -n $(TEST_WORKERS) $(XDIST) --durations=15
 
 chaos: install services
-	$(BIN)/pytest tests/integration tests/acceptance -m chaos -p no:cacheprovider
+	$(BIN)/pytest tests/integration tests/acceptance -m chaos -p no:cacheprovider -n $(CHAOS_WORKERS) $(XDIST) --durations=15
 
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)

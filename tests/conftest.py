@@ -20,10 +20,13 @@ from tests import isolation
 #: whether this worker starts a redis-server of its own (no ``TEST_REDIS_URL`` given)
 OWN_REDIS = "TEST_REDIS_URL" not in os.environ
 REDIS_BASE = os.environ.get("TEST_REDIS_URL", f"redis://127.0.0.1:{isolation.REDIS_PORT}")
-#: whether this worker makes a vhost of its own (no ``TEST_AMQP_URL`` given); the
-#: RabbitMQ tests' apps and the processes they start read ``TEST_AMQP_URL``
-OWN_VHOST = "TEST_AMQP_URL" not in os.environ
-os.environ.setdefault("TEST_AMQP_URL", f"amqp://guest:guest@127.0.0.1:5672/{isolation.VHOST}")
+#: whether this worker makes a vhost of its own (no ``TEST_AMQP_URL`` given, or only the
+#: one the xdist controller set, which its workers inherit); the RabbitMQ tests' apps and
+#: the processes they start read ``TEST_AMQP_URL``
+OWN_VHOST = "TEST_AMQP_URL" not in os.environ or os.environ.get("TEST_AMQP_URL_OWN") == "1"
+if OWN_VHOST:
+    os.environ["TEST_AMQP_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{isolation.VHOST}"
+    os.environ["TEST_AMQP_URL_OWN"] = "1"
 BROKER_DB = int(os.environ.get("TEST_BROKER_DB", "10"))
 STORE_DB = int(os.environ.get("TEST_STORE_DB", "11"))
 PG_BASE = os.environ.get("TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
