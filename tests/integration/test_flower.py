@@ -19,8 +19,8 @@ import pytest
 from conventions import bind
 from tests.fixtures import ROOT
 from tests.integration import support_metrics
-from tests.integration.exporter import free_port
 from tests.integration.helpers import wait_for
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 

@@ -27,8 +27,8 @@ from conventions.capacity.locks import mutex
 from tests.acceptance import support_lifecycle as lifecycle
 from tests.fixtures import ROOT
 from tests.integration import support_metrics
-from tests.integration.exporter import free_port
 from tests.integration.helpers import Events, dead_letter_of, publish_foreign, wait_for
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 

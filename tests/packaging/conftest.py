@@ -8,6 +8,7 @@ package index (or pip's cache); nothing of this repository is on its path.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -125,8 +126,28 @@ class Venv:
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The sdist, and the wheel built from it (``python -m build``), once per session."""
-    out = tmp_path_factory.mktemp("dist")
+    """The sdist, and the wheel built from it (``python -m build``), once per run: the
+    first xdist worker to need them builds them under a lock, in a folder the run's
+    workers share, and the others take them (two builds at once would race on the
+    ``egg-info`` the sdist step writes into the checkout)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # no xdist: the session is the run
+        return _build(tmp_path_factory.mktemp("dist"))
+    out = tmp_path_factory.getbasetemp().parent / f"dist-{run}"
+    out.mkdir(exist_ok=True)
+    with (out.parent / f"dist-{run}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log = out / "build.log"
+        if log.exists():
+            (wheel,) = out.glob("*.whl")
+            (sdist,) = out.glob("*.tar.gz")
+            return Built(wheel=wheel, sdist=sdist, log=log.read_text())
+        made = _build(out)
+        log.write_text(made.log)
+        return made
+
+
+def _build(out: Path) -> Built:
     # PYTHONDONTWRITEBYTECODE makes distutils print a "byte-compiling is disabled" warning
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run(
