@@ -16,6 +16,7 @@ from kombu import Connection, Producer
 
 from conventions import JobContext
 from conventions.config import formats
+from conventions.store import batches as b
 from conventions.store.records import Category
 from conventions.tracing import headers as hdr
 from tasks import app
@@ -40,14 +41,19 @@ def _ended_once(key: str, succeeded: int) -> str:
     (complete,) = wait_for(lambda: jobs.runs(key), timeout=60, every=0.2)
     assert complete["which"] == "on_complete"
     assert (complete["pending"], complete["succeeded"], complete["failed"]) == (0, succeeded, 1)
-    (dead_id,) = complete["dead"]  # type: ignore[misc]
-    status = wait_for(
-        lambda: (s := app.store.get_batch(key)) and s.callback_states["on_complete"] == "sent" and s
-    )
+    dead = [str(item) for item in complete["dead"]]  # type: ignore[attr-defined]
+    assert len(dead) == 1
+    dead_id = dead[0]
+    status = wait_for(lambda: _sent(key, "on_complete"))
     assert status.callback_states["on_success"] == "waiting"
     assert status.dead_letter_ids == [dead_id]
     assert len(jobs.runs(key)) == 1
-    return str(dead_id)
+    return dead_id
+
+
+def _sent(key: str, which: str) -> b.BatchStatus | None:
+    status = app.store.get_batch(key)
+    return status if status is not None and status.callback_states[which] == "sent" else None
 
 
 def test_a_member_of_a_task_the_worker_does_not_know_ends_its_batch(

@@ -7,6 +7,7 @@ worker (threads) and real Redis."""
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
 import pytest
@@ -108,5 +109,5 @@ def test_the_longest_ids_nested_as_deep_as_the_header_allows_end_and_call_back()
     root.submit()
 
     for batch_id in ids:  # each level's callback ran once, with its batch ended
-        (run,) = wait_for(lambda i=batch_id: jobs.runs(i), timeout=60)
+        (run,) = wait_for(partial(jobs.runs, batch_id), timeout=60)
         assert (run["which"], run["pending"], run["failed"]) == ("on_complete", 0, 0)
