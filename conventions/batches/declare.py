@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from conventions.batches import ids
 from conventions.batches.callbacks import BATCH_FIELD
 from conventions.errors import ConfigurationError
 from conventions.store import batches as b
@@ -61,13 +62,10 @@ class Batch:
         on_complete: Any = None,
         parent: Batch | None = None,
     ) -> None:
-        if not key or "," in key or "|" in key or len(key) > b.MAX_ID:
-            raise ConfigurationError(
-                f"batch key {key!r}: 1 to {b.MAX_ID} characters, without ',' or '|'"
-            )
-        self.app, self.id, self.parent = app, key, parent
+        around = parent.chain if parent is not None else ()
+        self.app, self.id, self.parent = app, ids.checked(key, around), parent
         self.callbacks = {
-            which: _callback(app, which, signature)
+            which: _callback(app, which, signature, key)
             for which, signature in ((b.ON_SUCCESS, on_success), (b.ON_COMPLETE, on_complete))
             if signature is not None
         }
@@ -108,6 +106,27 @@ class Batch:
     def _all(self) -> list[Batch]:
         return [self, *(grand for child in self.children for grand in child._all())]
 
+    def _check_tree(self, every: list[Batch]) -> None:
+        """Every batch of the tree has an id of its own, in this tree and in the store: a
+        nested id already taken by a batch of another parent would name two batches."""
+        seen: set[str] = set()
+        for batch in every:
+            if batch.id in seen:
+                raise ConfigurationError(
+                    f"batch id {batch.id!r} is declared twice in batch {self.id!r}'s tree"
+                )
+            seen.add(batch.id)
+        store = self.app.store
+        for batch in every:
+            parent = batch.parent.id if batch.parent else None
+            found = store.get_batch(batch.id, members=False)
+            if found is not None and found.parent != parent:
+                raise ConfigurationError(
+                    f"batch id {batch.id!r} is taken by a batch "
+                    + (f"nested in {found.parent!r}" if found.parent else "submitted on its own")
+                    + ": a batch takes an id of its own"
+                )
+
     def submit(self) -> Submitted:
         """Make the batch (and its nested ones) in the store, then publish every member;
         a batch already submitted whole publishes nothing (see the module)."""
@@ -116,6 +135,7 @@ class Batch:
         store = self.app.store
         every = self._all()
         specs = [batch.spec() for batch in every]  # every check before any write
+        self._check_tree(every)
         created = store.create_batch(specs[0])
         if not created:
             status = store.get_batch(self.id, members=False)
@@ -134,7 +154,7 @@ class Batch:
         return Submitted(self.id, created, published, store)
 
 
-def _callback(app: Any, which: str, signature: Any) -> dict[str, Any]:
+def _callback(app: Any, which: str, signature: Any, batch_id: str) -> dict[str, Any]:
     """A callback's signature as the store keeps it, checked: a convention task whose
     payload takes ``batch_id`` and whose key template uses it (else the callbacks of two
     batches would share a key, and the second would be skipped as done)."""
@@ -153,5 +173,6 @@ def _callback(app: Any, which: str, signature: Any) -> dict[str, Any]:
             f"{which}: {name}'s key template {template!r} must use {{{BATCH_FIELD}}}, so "
             "that each batch's callback has a key of its own"
         )
-    payload.parse({**kwargs, BATCH_FIELD: "check"}, task=name)  # a bad callback fails now
+    # a bad callback fails now, with the id it will carry (``ids``: what it must take)
+    payload.parse({**kwargs, BATCH_FIELD: batch_id}, task=name)
     return {"task": name, "kwargs": kwargs}

@@ -46,8 +46,6 @@ NO_CALLBACK: Final = "none"
 WAITING: Final = "waiting"
 DUE: Final = "due"
 SENT: Final = "sent"
-#: the longest batch id (it is the batch's key, prefixed by its app's namespace)
-MAX_ID: Final = 200
 
 
 def nested_member(batch_id: str) -> str:

@@ -26,6 +26,7 @@ gets its FAILURE.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import re
 import uuid
@@ -49,6 +50,12 @@ ENVELOPE_SLACK = 64 * 1024
 IDENTITY_WINDOW = 64 * 1024
 _TASK = re.compile(rb'"task"\s*:\s*"([A-Za-z0-9_.:\-]{1,200})"')
 _ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:\-]{1,200})"')
+#: a batch member's headers (its batches and its key: ``conventions.worker.batch_ends``),
+#: a JSON string each, decoded from the entry's text as found
+_MEMBER = {
+    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*("(?:[^"\\\x00-\x1f]|\\.){1,1024}")')
+    for name in ("cc_batch", "cc_idempotency_key")
+}
 
 
 def entry_cap(max_bytes: int) -> int:
@@ -157,13 +164,20 @@ def problem(
 def identity(entry: bytes) -> dict[str, str]:
     """The ``task`` and ``id`` headers of an entry too large to decode, when its head or
     its tail shows them (Celery's names and UUIDs, nothing else), else nothing: found
-    without decoding, never trusted beyond answering a caller's ``.get()``."""
+    without decoding, never trusted beyond answering a caller's ``.get()`` and ending
+    the batch member it names (``cc_batch``, ``cc_idempotency_key``, read again as any
+    header is)."""
     found: dict[str, str] = {}
     for window in (entry[:IDENTITY_WINDOW], entry[-IDENTITY_WINDOW:]):
         for name, pattern in (("task", _TASK), ("id", _ID)):
             match = pattern.search(window)
             if match is not None and name not in found:
                 found[name] = match.group(1).decode("ascii")
+        for name, pattern in _MEMBER.items():
+            match = pattern.search(window)
+            if match is not None and name not in found:
+                with contextlib.suppress(ValueError):  # JSON's escapes, or not a string
+                    found[name] = str(loads(match.group(1)))
     return found
 
 

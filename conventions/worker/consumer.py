@@ -54,6 +54,7 @@ from celery.exceptions import Reject
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from celery.worker.consumer import Consumer as CeleryConsumer
 
+from conventions.batches import callbacks as batch_callbacks
 from conventions.config import formats
 from conventions.observability import audit
 from conventions.observability.deadletters import (
@@ -69,7 +70,7 @@ from conventions.store import keys
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.transport import envelope
-from conventions.worker import event_batch
+from conventions.worker import batch_ends, event_batch
 
 logger = logging.getLogger("conventions.worker.consumer")
 
@@ -170,13 +171,15 @@ def record(
     trace = "".join(tb.format_exception(exc)) if exc is not None else ""
     now = utcnow()
     delivery = message.delivery_info or {}
-    record_id = uuid.uuid4().hex
+    task_name = str(headers.get("task") or "")[:200]
+    member = batch_ends.member_of(headers, task_name)  # a batch member ends with it
+    record_id = member.record_id() if member else uuid.uuid4().hex
     # a message with no correlation id of ours gets one here, as at any other receipt
     correlation = hdr.read_header(hdr.CORRELATION, headers.get(hdr.CORRELATION))
     correlation = str(correlation or record_id)  # junk is left out (``hdr.read_header``)
     dead = DeadLetter(
         id=record_id,
-        task=str(headers.get("task") or "")[:200],
+        task=task_name,
         task_id=str(headers.get("id") or "")[:200],
         category=category,
         payload=raw_body(message) if payload is None else payload,
@@ -192,13 +195,18 @@ def record(
         queue=delivery.get("routing_key"),
         correlation_id=correlation,
     )
+    fired: list[str] = []
     try:
         if store is None:
             raise LookupError("the app has no conventions store")
-        store.put_dead_letter(dead)
+        if member is None:
+            store.put_dead_letter(dead)
+        else:  # in the same step as its record (``batch_ends``): else its batch never ends
+            fired = store.put_dead_letter(dead, batch=member.failed(dead.task_id, dead.id))
     except Exception:
         logger.exception("could not keep a message the worker cannot run (%s)", reason)
         return None
+    batch_callbacks.publish_due(consumer.app, fired)  # the member was its batch's last
     # the audit event moves the dead-letter counter of the metrics, as for a job's
     traced = {**hdr.read_headers(headers)[0], hdr.CORRELATION: correlation}
     audit.record(
@@ -219,8 +227,10 @@ def give_back_key(task: Any, task_id: str, headers: dict[str, Any]) -> None:
     store = getattr(task, "store", None)
     if not carried or store is None or getattr(task, "dedup", None) is None:
         return
-    try:
-        store.unreserve(keys.namespaced(task.name, carried), task_id)
+    key = keys.namespaced(task.name, carried)
+    try:  # a batch member's reservation is in its batch's partition on a cluster
+        with keys.batch_home(key, next(reversed(batch_ends.chain_of(headers)), None)):
+            store.unreserve(key, task_id)
     except Exception:
         logger.warning("could not give back the key of refused job %s", task_id, exc_info=True)
 

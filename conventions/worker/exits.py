@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
-import uuid
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery._state import get_current_task
@@ -25,12 +24,12 @@ from conventions.jobs.decisions import RetryDecision
 from conventions.observability import alerts
 from conventions.observability import deadletters as deadletter
 from conventions.store import keys
-from conventions.store.batches import FAILED, BatchMove
+from conventions.store.batches import BatchMove
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.tracing import scrubbing
 from conventions.tracing.headers import READY
-from conventions.worker import signals
+from conventions.worker import batch_ends, signals
 
 if TYPE_CHECKING:
     from conventions.jobs.protocol import JobTask
@@ -83,13 +82,11 @@ class Exits:
     category: str | None = None
     dead_letter_id: str | None = None
 
-    def batch_move(self, outcome: str, dead_letter_id: str = "") -> BatchMove | None:
-        """This job's end in its batches (``cc_batch``), or None when it is in none."""
-        chain = self.headers.get(hdr.BATCH)
-        if not chain or not self.key:
-            return None
-        ids = tuple(part for part in str(chain).split(",") if part)
-        return BatchMove(ids, self.key, outcome, str(self.request.id), dead_letter_id)
+    def batch_move(self, outcome: str) -> BatchMove | None:
+        """This job's end in its batches (``cc_batch``) once it ran under its key, or
+        None when it is in none."""
+        member = batch_ends.member_of(self.headers, self.task.name, self.key) if self.key else None
+        return member.move(outcome, str(self.request.id)) if member else None
 
     def batch_fired(self, fired: list[str] | None) -> None:
         """Publish the batch callbacks this job's end made due (a failure is left to
@@ -217,21 +214,25 @@ class Exits:
         task, request = self.task, self.request
         record = self.record(exc, category, reason)
         reserved = self.key or self.carried_reservation()
-        root = keys.batch_root(self.headers.get(hdr.BATCH)) if self.key else None
-        if root:  # its id in its batch tree's partition: one script (keys.batch_home)
-            new_id = keys.id_in_partition(keys.batch_source(root), lambda: uuid.uuid4().hex)
-            record = dataclasses.replace(record, id=new_id)
-        move = self.batch_move(FAILED, record.id)
+        # a member ends with its record, named by the key it ran under, else by the one
+        # its message carries (an invalid payload or key: ``batch_ends``)
+        member = batch_ends.member_of(self.headers, self.task.name, self.key)
+        move = None
+        if member is not None:  # its id in its batch tree's partition: one script
+            record = dataclasses.replace(record, id=member.record_id())
+            move = member.failed(str(request.id), record.id)
         try:
-            # the reservation first: a written record never leaves its key reserved
-            if reserved:
-                task.store.unreserve(reserved, request.id)
-            # a batch member's end moves with its record (no extra trip for others)
-            fired = (
-                task.store.put_dead_letter(record, batch=move)
-                if move
-                else task.store.put_dead_letter(record)
-            )
+            # a member's reservation is in its batch's partition (before its key is known too)
+            with keys.batch_home(reserved, member.root if member else None):
+                # the reservation first: a written record never leaves its key reserved
+                if reserved:
+                    task.store.unreserve(reserved, request.id)
+                # a batch member's end moves with its record (no extra trip for others)
+                fired = (
+                    task.store.put_dead_letter(record, batch=move)
+                    if move
+                    else task.store.put_dead_letter(record)
+                )
         except Exception as write_error:
             # no home for the record: keep the job instead (it runs again later)
             self.store_down(write_error, " for the dead letter")

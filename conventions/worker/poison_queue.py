@@ -36,10 +36,10 @@ from conventions.config import settings
 from conventions.observability import audit
 from conventions.observability.deadletters import MAX_MESSAGE, capped_headers, scrub
 from conventions.store import keys
-from conventions.store.batches import FAILED, BatchMove
 from conventions.store.records import Category, DeadLetter, utcnow
 from conventions.tracing import headers as hdr
 from conventions.transport import amqp_queues
+from conventions.worker import batch_ends
 from conventions.worker.consumer import DEFAULT_MAX_MESSAGE_BYTES, job_kwargs, raw_body
 
 logger = logging.getLogger("conventions.worker.poison_queue")
@@ -100,23 +100,12 @@ def record_id(headers: Mapping[str, Any]) -> str:
     return uuid.uuid5(NAMESPACE, seed).hex
 
 
-def batch_move(headers: Mapping[str, Any], key: str | None, dead: DeadLetter) -> BatchMove | None:
-    """The member's end as failed, when the message is a batch member's (``cc_batch``)."""
-    chain = hdr.read_header(hdr.BATCH, headers.get(hdr.BATCH))
-    ids = tuple(part for part in str(chain or "").split(",") if part)
-    if not ids or not key or not dead.task:
-        return None
-    return BatchMove(ids, key, FAILED, dead.task_id, dead.id)
-
-
-def batch_record_id(headers: Mapping[str, Any], root: str) -> str:
-    """:func:`record_id` drawn in the partition of batch tree ``root``: the same for every
-    delivery of one message, and written in the batch's slot on Redis Cluster."""
+def batch_record_id(headers: Mapping[str, Any], member: batch_ends.MemberEnd) -> str:
+    """:func:`record_id` drawn in the partition of ``member``'s batch tree: the same for
+    every delivery of one message, and written in the batch's slot on Redis Cluster."""
     seeds = iter(range(1 << 20))
     base = record_id(headers)
-    return keys.id_in_partition(
-        keys.batch_source(root), lambda: uuid.uuid5(NAMESPACE, f"{base}:{next(seeds)}").hex
-    )
+    return member.record_id(lambda: uuid.uuid5(NAMESPACE, f"{base}:{next(seeds)}").hex)
 
 
 def dead_letter_of(app: Any, message: Any, worker: str) -> DeadLetter:
@@ -168,13 +157,14 @@ def handle(app: Any, message: Any, worker: str) -> bool:
         return True
     dead = dead_letter_of(app, message, worker)
     key = keys.namespaced(dead.task, dead.idempotency_key) if dead.idempotency_key else None
-    move = batch_move(headers, key, dead)
-    if move is not None:  # its id in its batch's partition, as stable (keys.batch_home)
-        dead = dataclasses.replace(dead, id=batch_record_id(headers, move.chain[-1]))
-        move = dataclasses.replace(move, dead_letter_id=dead.id)
+    member = batch_ends.member_of(headers, dead.task)
+    move = None
+    if member is not None:  # its id in its batch's partition, as stable (keys.batch_home)
+        dead = dataclasses.replace(dead, id=batch_record_id(headers, member))
+        move = member.failed(dead.task_id, dead.id)
     try:
         store = app.store
-        with keys.batch_home(key, move.chain[-1] if move else None):
+        with keys.batch_home(key, member.root if member else None):
             if key and dead.task:  # the producer's reservation, as the layer's own dead
                 # letters drop it: else a replay would dedup against it
                 store.unreserve(key, dead.task_id)

@@ -33,8 +33,9 @@ from conventions.batches import callbacks as batch_callbacks
 from conventions.jobs.protocol import JobTask
 from conventions.observability import audit
 from conventions.store import keys as naming
-from conventions.store.batches import FAILED, BatchMove
+from conventions.store.batches import FAILED
 from conventions.tracing import headers as hdr
+from conventions.worker import batch_ends
 
 logger = logging.getLogger("conventions.worker.reservations")
 
@@ -71,14 +72,14 @@ def release(task: JobTask, task_id: str, request: Any, *, expired: bool, termina
         return
     key, headers[hdr.IDEMPOTENCY_KEY] = keys
     store = task.store
-    chain = tuple(part for part in str(headers.get(hdr.BATCH) or "").split(",") if part)
+    member = batch_ends.member_of(headers, task.name, key)
     fired: list[str] = []
     # a batch member's keys are in its batch's slot on a cluster
-    with naming.batch_home(key, naming.batch_root(headers.get(hdr.BATCH))):
+    with naming.batch_home(key, member.root if member else None):
         if task.dedup == "until_done":
             store.unreserve(key, task_id)
-        if chain:  # it will not run: it ended, failed (no dead letter: nothing to replay)
-            fired = store.end_member(BatchMove(chain, key, FAILED, task_id))
+        if member:  # it will not run: it ended, failed (no dead letter: nothing to replay)
+            fired = store.end_member(member.move(FAILED, task_id))
     audit.record(
         store, "expired" if expired else "revoked", task.name, task_id, headers,
         attempt=int(getattr(request, "retries", 0) or 0),

@@ -8,11 +8,13 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
+from billiard.exceptions import TimeLimitExceeded
 
 from conventions.batches import callbacks
 from conventions.ops.replay import replay
 from conventions.store import batches as b
 from conventions.worker import reservations
+from conventions.worker.delivery import dead_letter_hard_timeout
 from tasks import app
 from tests.integration import support_batches as jobs
 from tests.integration.helpers import wait_for
@@ -151,3 +153,28 @@ def test_a_revoked_or_expired_member_ends_failed_and_on_complete_runs_once(expir
     status = wait_for(lambda: (s := _ended(key)) and s)
     assert status.members[revoked][0] == "f"
     assert status.callback_states["on_success"] == "waiting"
+
+
+def test_a_member_killed_by_its_hard_limit_whose_payload_no_longer_parses_ends_failed() -> None:
+    """``dead_letter_hard_timeout`` (what the worker's main process calls at the hard
+    limit) on a member whose kwargs the worker's model refuses (a newer producer's): its
+    key cannot be derived, so the member is named by the key its message carries."""
+    key = _id("hard-unparsed")
+    batch = app.batch(key, on_complete=jobs.batch_complete.s())
+    batch.add(jobs.batch_item, item_id=f"{key}-0")
+    spec = batch.spec()
+    app.store.create_batch(spec)
+    request = SimpleNamespace(
+        id="t-hard", retries=0, hostname=None, delivery_info={},
+        cc_batch=key, cc_idempotency_key=f"batch-item:{key}-0",
+    )  # fmt: skip
+    kwargs = {"item_id": f"{key}-0", "note": "a field of a newer release"}
+
+    dead_letter_hard_timeout(jobs.batch_item, "t-hard", kwargs, TimeLimitExceeded(3.0), request)
+
+    (run,) = _runs(key, 1)
+    assert (run["which"], run["pending"], run["failed"]) == ("on_complete", 0, 1)
+    (dead_id,) = run["dead"]  # type: ignore[misc]
+    record = app.store.get_dead_letter(str(dead_id))
+    assert record is not None and record.task_id == "t-hard"
+    assert "hard time limit" in record.message
