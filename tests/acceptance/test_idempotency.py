@@ -39,6 +39,7 @@ from sqlalchemy import text
 
 from conventions.store import keys
 from conventions.store.redis import RedisStore
+from conventions.transport import layout
 from conventions.transport.redis import in_inboxes
 from tasks import app, db, shop
 from tasks.payments import apply_event
@@ -113,6 +114,11 @@ def _scalar(sql: str, **params: Any) -> Any:
         return session.execute(text(sql), params).scalar_one()
 
 
+def _rows(sql: str, **params: Any) -> list[Any]:
+    with db.transaction() as session:
+        return list(session.execute(text(sql), params).all())
+
+
 def _message_id(raw: str) -> str:
     return str(json.loads(raw)["headers"]["id"])
 
@@ -150,14 +156,16 @@ def _running_ledger_keys(store: redis.Redis) -> list[str]:
 
 def _nothing_left(broker: redis.Redis, store: redis.Redis, stale: set[str]) -> bool:
     """No message queued, none fetched into an inbox, none delivered and unacknowledged
-    (but the ``stale`` ones a worker killed before this test left behind), no ledger
-    lease held."""
+    (but the ``stale`` ones a worker killed before this test left behind), none waiting
+    out a countdown, no ledger lease held."""
     unacked = set(broker.hkeys(UNACKED)) - stale
     return (
         broker.llen(QUEUE) == 0
         and in_inboxes(broker) == 0
         and not unacked
         and not _running_ledger_keys(store)
+        # a job retried or deferred with a countdown waits in the delayed set
+        and broker.zcard(layout.DELAYED.format(queue=QUEUE)) == 0
     )
 
 
@@ -374,6 +382,29 @@ def _settle(broker: redis.Redis, store: redis.Redis, stale: set[str]) -> int:
     raise AssertionError("the run did not settle within 240 s")
 
 
+def _where_the_unapplied_went(jobs: dict[str, list[str]], workers: list[WorkerProcess]) -> str:
+    """What the workers' logs and the dead letters say of each unapplied event's jobs."""
+    unapplied = [
+        str(row[0])
+        for row in _rows(
+            "SELECT id FROM payment_events WHERE id BETWEEN :low AND :high"
+            " AND applied_at IS NULL ORDER BY id",
+            **CHAOS_EVENT_RANGE,
+        )
+    ]
+    said = [f"unapplied: {unapplied}; dead letters: {app.store.count_dead_letters()}"]
+    for event_id in unapplied:
+        for task_id in jobs.get(event_id, []):
+            said.append(f"{event_id} job {task_id}:")
+            said.extend(
+                f"  {worker.name}: {line}"
+                for worker in workers
+                for line in worker.output().splitlines()
+                if task_id in line
+            )
+    return "\n".join(said)
+
+
 def _assert_each_order_holds_the_sum_of_its_events_once(lost_events: int) -> None:
     assert _scalar(UNAPPLIED, **CHAOS_EVENT_RANGE) == lost_events
     markers = _scalar(
@@ -439,7 +470,7 @@ def test_a_thousand_events_published_twice_survive_kill_nine_and_take_effect_onc
 
     # nothing applied twice, nothing lost: a whole worker killed mid-fetch leaves the
     # message in its inbox (conventions.transport.redis), given back by the replacement's sweep
-    assert lost_events == 0
+    assert lost_events == 0, _where_the_unapplied_went(jobs, killer.all)
     _assert_each_order_holds_the_sum_of_its_events_once(lost_events)
     assert app.store.count_dead_letters() == 0
     # every job enqueued (duplicates included) succeeded; per event, at most one reports
