@@ -58,7 +58,8 @@ def test_a_newer_format_is_dead_lettered_unrun_and_replays_once_the_worker_reads
     state = app.store.key_state(key)
     assert state.ledger_state is None
     assert state.reserved_by is None  # given back: the replay is not deduplicated
-    assert app.AsyncResult(task_id).state == "FAILURE"
+    # the caller's FAILURE is stored after the dead letter (Consumer.refuse): wait for it
+    wait_for(lambda: app.AsyncResult(task_id).state == "FAILURE", timeout=30)
     assert record.correlation_id
     events = [e.event for e in app.store.audit_for(record.correlation_id) if e.task_id == task_id]
     assert "started" not in events and "dead_lettered" in events
