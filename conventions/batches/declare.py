@@ -166,11 +166,11 @@ class Batch:
     def _publish(store: Any, jobs: list[members.Member]) -> int:
         """Publish each member; a failure gives back the reservations of the ones left
         (the batch is not marked published: a submit made again publishes them)."""
-        for done, member in enumerate(jobs):
+        for index, member in enumerate(jobs):
             try:
                 members.publish(store, member)
             except BaseException:
-                members.release(store, jobs[done:])
+                members.release(store, jobs[index:])
                 raise
         return len(jobs)
 

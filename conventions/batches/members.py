@@ -21,6 +21,7 @@ would cross refuses it whole the same way, before any reservation (:func:`admit`
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,6 +35,8 @@ from conventions.observability import audit
 from conventions.store import batches as b
 from conventions.store import keys
 from conventions.tracing import headers as hdr
+
+logger = logging.getLogger("conventions.batches")
 
 #: the namespace of the members' task ids (uuid5 of the batch id and the member name)
 _IDS: Final = uuid.UUID("6d1c2f1e-4c43-5b37-9a8e-2b0d3c8f4a17")
@@ -137,11 +140,19 @@ def _reserve_one(store: Any, member: Member) -> None:
 
 def release(store: Any, members: Iterable[Member]) -> None:
     """Give back the reservations of members that were not published (each only while
-    the member still holds it)."""
+    the member still holds it). Never raises, so that the refusal or failure that called
+    it is the one the caller sees: a store that does not answer keeps a reservation
+    until its ttl (logged, as a publish that failed does)."""
     for member in members:
-        if member.reserves:
+        if not member.reserves:
+            continue
+        try:
             with member.home():
                 store.unreserve(member.name, member.task_id)
+        except Exception:
+            logger.warning("batch %s: the reservation of %r stays until it expires (the "
+                           "store did not answer)", member.chain[0], member.name,
+                           exc_info=True)  # fmt: skip
 
 
 def end_done(store: Any, members: Iterable[Member]) -> list[str]:
@@ -152,6 +163,9 @@ def end_done(store: Any, members: Iterable[Member]) -> list[str]:
         if member.done_by is not None:
             move = b.BatchMove(member.chain, member.name, b.SUCCEEDED, member.done_by)
             fired += store.end_member(move)
+            logger.info("batch %s: member %s ended as succeeded at the submit (its key "
+                        "was done by job %s)", member.chain[0], member.name,
+                        member.done_by)  # fmt: skip
     return fired
 
 

@@ -166,6 +166,38 @@ def test_a_batch_that_would_cross_a_shedding_queue_bound_is_refused_whole(
     assert len(jobs.runs(key)) == 2
 
 
+def test_a_member_shed_half_way_fails_the_submit_and_the_submit_made_again_ends_it(
+    worker: Callable[[], Any],
+    queues: redis.Redis,
+    bound_heavy: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Other producers filled the queue between the batch's admission and its publishes
+    (here the admission lets everything by): the member shed raises, the batch is not
+    marked published, and the same submit made again once there is room publishes it."""
+    key = _id("shed-late")
+    bound_heavy(max_depth=2)
+    monkeypatch.setattr(backpressure, "room_for", lambda *_: None, raising=False)
+    batch = app.batch(key, on_success=jobs.batch_success.s(), on_complete=jobs.batch_complete.s())
+    for n in (6, 7, 8):
+        batch.add(jobs.batch_shed, item_id=f"{key}-{n}")
+
+    with pytest.raises(QueueOverCapacity, match=f"{key}-8.* was shed"):
+        batch.submit()
+    status = app.store.get_batch(key)
+    assert status is not None and not status.published
+    assert queues.llen("heavy") == 2
+    assert app.store.key_state(_name(jobs.batch_shed, f"{key}-8")).reserved_by is None
+
+    bound_heavy(max_depth=10)
+    again = batch.submit()  # 6 and 7 published again, with the same task ids
+    assert (again.created, again.published) == (False, 3)
+    worker()
+    status = _callbacks_ran_once(key, "on_complete", "on_success")
+    assert (status.total, status.succeeded) == (3, 3)
+    assert len(jobs.runs(key)) == 2
+
+
 @pytest.mark.parametrize("where", ["parent-then-child", "child-then-parent", "siblings"])
 def test_one_key_in_two_batches_of_one_tree_is_refused_at_add(
     worker: Callable[[], Any], where: str
