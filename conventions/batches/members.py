@@ -60,7 +60,9 @@ class Member:
     name: str
     chain: tuple[str, ...]
     task_id: str = ""
-    #: its headers, made at the submit (``cc_batch`` among them)
+    #: its payload as the message carries it, and its headers (``cc_batch`` among them),
+    #: made at the submit
+    data: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, Any] = field(default_factory=dict)
     #: the job that did its key, when it is done already (nothing is published)
     done_by: str | None = None
@@ -69,7 +71,7 @@ class Member:
         """Its task id and headers, as of now."""
         self.task_id = member_task_id(self.chain[0], self.name)
         options = {"headers": {hdr.BATCH: ",".join(self.chain)}}
-        _, _, self.headers = self.task.prepare(dict(self.kwargs), options)
+        self.data, _, self.headers = self.task.prepare(dict(self.kwargs), options)
 
     @property
     def reserves(self) -> bool:
@@ -118,7 +120,7 @@ def reserve(store: Any, members: Sequence[Member]) -> None:
 
 def _reserve_one(store: Any, member: Member) -> None:
     task = member.task
-    fingerprint = keys.fingerprint(task.name, member.kwargs)
+    fingerprint = keys.fingerprint(task.name, member.data)  # as its publish's
     with member.home():
         holder = store.reserve(member.name, member.task_id, task.dedup_ttl(), audit=None,
                                fingerprint=fingerprint)  # fmt: skip

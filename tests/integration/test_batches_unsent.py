@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import redis
 
+from conventions.batches import members
 from conventions.capacity import backpressure
 from conventions.errors import ConfigurationError, KeyHeld, QueueOverCapacity
 from conventions.store import batches as b
+from conventions.task import DuplicateResult
 from tasks import app
 from tests.integration import support_batches as jobs
 from tests.integration.helpers import wait_for
@@ -29,10 +31,14 @@ def _id(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def _name(task: Any, item_id: str) -> str:
+def _name_of(task: Any, **payload: Any) -> str:
     """A member's name: its namespaced idempotency key."""
-    _, name, _ = task.prepare({"item_id": item_id}, {})
+    _, name, _ = task.prepare(payload, {})
     return str(name)
+
+
+def _name(task: Any, item_id: str) -> str:
+    return _name_of(task, item_id=item_id)
 
 
 def _run_alone(task: Any, item_id: str) -> str:
@@ -196,6 +202,23 @@ def test_a_member_shed_half_way_fails_the_submit_and_the_submit_made_again_ends_
     status = _callbacks_ran_once(key, "on_complete", "on_success")
     assert (status.total, status.succeeded) == (3, 3)
     assert len(jobs.runs(key)) == 2
+
+
+def test_a_members_reservation_is_the_one_its_publish_makes(queues: redis.Redis) -> None:
+    """The submit reserves a member's key before the publish, with the payload as the
+    message carries it (defaults filled in): the same call outside the batch is a
+    duplicate of the member, not a KeyConflict. (Passes on the code before the submit
+    reserved first; it guards the reservation it takes now.)"""
+    key = _id("same")
+    batch = app.batch(key)
+    batch.add(jobs.batch_success, batch_id=f"{key}-x")  # BatchDone.label has a default
+    batch.submit()
+
+    again = jobs.batch_success.delay(batch_id=f"{key}-x")
+
+    assert isinstance(again, DuplicateResult)
+    name = _name_of(jobs.batch_success, batch_id=f"{key}-x")
+    assert again.id == members.member_task_id(key, name)
 
 
 @pytest.mark.parametrize("where", ["parent-then-child", "child-then-parent", "siblings"])
