@@ -89,8 +89,8 @@ def admit(batch_id: str, members: Sequence[Member]) -> None:
     """QueueOverCapacity, before anything is reserved or published, when publishing the
     members now would cross a queue's bound (whichever the tasks' ``overflow``: a
     member shed or refused half-way would leave the batch half-published)."""
-    counts = Counter(backpressure.publish_queue(m.task, {}) for m in members)
-    tasks = {backpressure.publish_queue(m.task, {}): m.task for m in members}
+    routed = [(backpressure.publish_queue(m.task, {}), m.task) for m in members]
+    counts, tasks = Counter(queue for queue, _ in routed), dict(routed)
     for queue, count in counts.items():
         refusal = backpressure.room_for(tasks[queue], queue, count) if queue else None
         if refusal is not None:
