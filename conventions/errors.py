@@ -22,6 +22,7 @@ The tree (``tree()`` renders the live hierarchy in this format, and a test compa
         +-- PayloadError
         |   `-- KeyConflict
         +-- QueueOverCapacity
+        +-- KeyHeld
         +-- BackendUnavailable
         +-- Unroutable
         `-- NewerFormat
@@ -230,6 +231,23 @@ class QueueOverCapacity(LayerError):
         self.queue: str = queue
         if message is None and queue:
             message = f"{_default_message(type(self)).rstrip('.')} (queue {queue!r})"
+        super().__init__(message)
+
+
+class KeyHeld(LayerError):
+    """A batch member's idempotency key is held by a job outside the batch: refused.
+
+    ``Batch.submit()`` refuses the whole batch (nothing is published) when a member's key
+    is reserved by a job that is not done yet and is not that member: the member would
+    send nothing and its batch would never end. ``key`` names the key, ``holder`` the job
+    that holds it.
+    """
+
+    def __init__(self, message: str | None = None, *, key: str = "", holder: str = "") -> None:
+        self.key: str = key
+        self.holder: str = holder
+        if message is None and key:
+            message = f"{_default_message(type(self)).rstrip('.')}: {key!r} (job {holder})"
         super().__init__(message)
 
 

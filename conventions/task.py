@@ -200,7 +200,7 @@ class ConventionTask(Task):  # type: ignore[misc]
             # one round trip: the reservation and, when it is ours, the audit event
             with onetrip.bounded(self.app.conf, "store"):
                 holder = store.reserve(
-                    key, task_id, self._dedup_ttl(), audit=None if refusal else published,
+                    key, task_id, self.dedup_ttl(), audit=None if refusal else published,
                     fingerprint=fingerprint,
                 )  # fmt: skip
             if holder is not None:
@@ -236,7 +236,7 @@ class ConventionTask(Task):  # type: ignore[misc]
         the push (:mod:`conventions.transport.publish`)."""
         key, fingerprint = keyed
         pushed = onetrip.hook(
-            self.store, task_id, key if self.dedup is not None else None, self._dedup_ttl(),
+            self.store, task_id, key if self.dedup is not None else None, self.dedup_ttl(),
             published, fingerprint,
         )  # fmt: skip
         if self.app.conf.task_send_sent_event:  # the event goes in the push's script
@@ -343,7 +343,8 @@ class ConventionTask(Task):  # type: ignore[misc]
         key = keys.checked(self.name, key)
         return keys.namespaced(body.name, key), key
 
-    def _dedup_ttl(self) -> float | None:
+    def dedup_ttl(self) -> float | None:
+        """How long a publish's enqueue reservation lasts (None: until released)."""
         if isinstance(self.dedup, int | float):
             return float(self.dedup)
         if self.dedup == "forever":

@@ -10,9 +10,15 @@ letter (:mod:`conventions.store.batches`), so the callback cannot be lost nor ru
 
 Idempotency: the batch's key is its id. Submitting the same key again does not make a
 second batch: the members are published again only when the first submit did not
-finish (each is deduplicated by its own idempotency key), and nothing is published
-when it did. A member is named by its namespaced idempotency key: two members with one
-key are refused (they would be one job).
+finish (each with the task id it had then: :func:`~conventions.batches.members.member_task_id`),
+and nothing is published when it did. A member is named by its namespaced idempotency
+key: two members with one key in one batch tree are refused at :meth:`Batch.add` (they
+would be one job, and one batch would wait for it for ever).
+
+Every member either sends its job or is settled before :meth:`Batch.submit` answers
+(:mod:`conventions.batches.members`): a member whose key is done already ends as
+succeeded; a key held by a job not done, or a queue bound the batch would cross, refuses
+the batch with nothing published.
 """
 
 from __future__ import annotations
@@ -20,11 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from conventions.batches import ids
+from conventions.batches import callbacks, ids, members
 from conventions.batches.callbacks import BATCH_FIELD
 from conventions.errors import ConfigurationError
 from conventions.store import batches as b
-from conventions.tracing import headers as hdr
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,8 @@ class Submitted:
     id: str
     #: False when a batch of this key existed (nothing new was made)
     created: bool
-    #: how many member publishes were made (0 when the batch was submitted whole before)
+    #: how many member jobs were published (a member whose key was done already is
+    #: not: it ended as succeeded; 0 when the batch was submitted whole before)
     published: int
     store: Any = field(repr=False, compare=False)
 
@@ -71,6 +77,8 @@ class Batch:
         }
         self.members: list[_Member] = []
         self.children: list[Batch] = []
+        #: member name -> the batch it is in, shared by the whole tree
+        self._names: dict[str, str] = parent._names if parent is not None else {}
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -78,10 +86,19 @@ class Batch:
         return (self.id, *(self.parent.chain if self.parent else ()))
 
     def add(self, task: Any, **payload: Any) -> None:
-        """Add a member: ``task`` (a convention task) with its payload fields."""
+        """Add a member: ``task`` (a convention task) with its payload fields. A key
+        already in this batch tree is refused: one job cannot end two members."""
         if not hasattr(task, "prepare"):
             raise ConfigurationError(f"a batch member must be a convention task, not {task!r}")
         _, name, _ = task.prepare(dict(payload), {})  # checked now, as .delay() would
+        holder = self._names.get(name)
+        if holder is not None:
+            where = "this batch" if holder == self.id else f"batch {holder!r} of the same tree"
+            raise ConfigurationError(
+                f"batch {self.id!r}: the idempotency key {name!r} is a member of {where} "
+                "already (one job would end one of them, and the other would wait for ever)"
+            )
+        self._names[name] = self.id
         self.members.append(_Member(task, dict(payload), name))
 
     def batch(self, key: str, *, on_success: Any = None, on_complete: Any = None) -> Batch:
@@ -129,29 +146,52 @@ class Batch:
 
     def submit(self) -> Submitted:
         """Make the batch (and its nested ones) in the store, then publish every member;
-        a batch already submitted whole publishes nothing (see the module)."""
+        a batch already submitted whole publishes nothing (see the module). Refused with
+        nothing published: KeyHeld, KeyConflict, QueueOverCapacity
+        (:mod:`conventions.batches.members`)."""
         if self.parent is not None:
             raise ConfigurationError("submit the outermost batch: it submits the nested ones")
         store = self.app.store
         every = self._all()
         specs = [batch.spec() for batch in every]  # every check before any write
         self._check_tree(every)
-        created = store.create_batch(specs[0])
-        if not created:
-            status = store.get_batch(self.id, members=False)
-            if status is not None and status.published:
-                return Submitted(self.id, False, 0, store)
-        for spec in specs[1:]:
-            store.create_batch(spec)
-        published = 0
-        for batch in every:
-            header = {hdr.BATCH: ",".join(batch.chain)}
-            for member in batch.members:
-                member.task.apply_async(kwargs=member.kwargs, headers=dict(header))
-                published += 1
+        status = store.get_batch(self.id, members=False)
+        if status is not None and status.published:
+            return Submitted(self.id, False, 0, store)
+        jobs = [m for batch in every for m in batch.jobs()]
+        members.admit(self.id, jobs)
+        members.reserve(store, jobs)  # refused: every reservation given back
+        try:
+            created = store.create_batch(specs[0])
+            for spec in specs[1:]:
+                store.create_batch(spec)
+            callbacks.publish_due(self.app, members.end_done(store, jobs))
+        except BaseException:
+            members.release(store, [m for m in jobs if m.done_by is None])
+            raise
+        published = self._publish(store, [m for m in jobs if m.done_by is None])
         for batch in reversed(every):
             store.mark_batch_published(batch.id)
         return Submitted(self.id, created, published, store)
+
+    def jobs(self) -> list[members.Member]:
+        """This batch's own member jobs, ready to publish (task ids and headers)."""
+        found = [members.Member(m.task, m.kwargs, m.name, self.chain) for m in self.members]
+        for member in found:
+            member.prepare()
+        return found
+
+    @staticmethod
+    def _publish(store: Any, jobs: list[members.Member]) -> int:
+        """Publish each member; a failure gives back the reservations of the ones left
+        (the batch is not marked published: a submit made again publishes them)."""
+        for index, member in enumerate(jobs):
+            try:
+                members.publish(store, member)
+            except BaseException:
+                members.release(store, jobs[index:])
+                raise
+        return len(jobs)
 
 
 def _callback(app: Any, which: str, signature: Any, batch_id: str) -> dict[str, Any]:

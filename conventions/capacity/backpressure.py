@@ -196,25 +196,49 @@ class Refusal:
     reason: str
 
 
-def check(task: JobTask, options: Mapping[str, Any]) -> Refusal | None:
-    """Why a publish of ``task`` must not go on now, or None (always None when the
-    task's queue has no bound: one dict lookup)."""
-    bounds = task.settings.backpressure
-    queue = publish_queue(task, options) if bounds else None
-    bound = bounds.get(queue) if queue is not None else None
-    if bound is None or queue is None:
-        return None
-    if bound.max_age is not None and profile.is_amqp(task.app.conf.broker_url):
+def _bound(task: JobTask, queue: str | None) -> Bound | None:
+    """``queue``'s bound (None: unbounded); a bound a broker cannot read is refused."""
+    bound = task.settings.backpressure.get(queue) if queue is not None else None
+    if (
+        bound is not None
+        and bound.max_age is not None
+        and profile.is_amqp(task.app.conf.broker_url)
+    ):
         raise ConfigurationError(
             f"conventions_backpressure[{queue!r}]['max_age']: RabbitMQ does not tell a "
             "queue's oldest message's age (a passive queue.declare gives depth and "
             "consumers only); bound it by max_depth"
         )
+    return bound
+
+
+def check(task: JobTask, options: Mapping[str, Any]) -> Refusal | None:
+    """Why a publish of ``task`` must not go on now, or None (always None when the
+    task's queue has no bound: one dict lookup)."""
+    queue = publish_queue(task, options) if task.settings.backpressure else None
+    bound = _bound(task, queue)
+    if bound is None or queue is None:
+        return None
     reason = over(bound, gauge.read(task.app, queue))
     if reason is None:
         gauge.published(queue)
         return None
     return Refusal(queue, reason)
+
+
+def room_for(task: JobTask, queue: str, count: int) -> Refusal | None:
+    """Why ``count`` publishes to ``queue`` (of ``task``'s app) would cross its bound now,
+    or None: a batch's members are admitted together (counted by each publish after)."""
+    bound = _bound(task, queue) if task.settings.backpressure else None
+    if bound is None:
+        return None
+    reading = gauge.read(task.app, queue)
+    if bound.max_depth is not None and reading.depth + count > bound.max_depth:
+        return Refusal(
+            queue, f"{reading.depth} jobs waiting and {count} more, bound {bound.max_depth}"
+        )
+    reason = over(bound, reading)
+    return None if reason is None else Refusal(queue, reason)
 
 
 def refuse(

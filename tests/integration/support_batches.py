@@ -93,3 +93,30 @@ def batch_complete(payload: BatchDone, ctx: JobContext) -> str:
 def runs(batch_id: str) -> list[dict[str, object]]:
     """The callback runs of ``batch_id``, in order."""
     return [json.loads(item) for item in recorder().lrange(RUNS + batch_id, 0, -1)]
+
+
+@app.job(
+    "testing.batch_forever.v1", payload=Item, key="batch-forever:{item_id}", workload="email",
+    dedup="forever",
+)  # fmt: skip
+def batch_forever(payload: Item, ctx: JobContext) -> str:
+    """A member whose key is never published again once used."""
+    return "ok"
+
+
+@app.job(
+    "testing.batch_ttl.v1", payload=Item, key="batch-ttl:{item_id}", workload="email",
+    dedup=3600.0,
+)  # fmt: skip
+def batch_ttl(payload: Item, ctx: JobContext) -> str:
+    """A member whose key is not published again for an hour."""
+    return "ok"
+
+
+@app.job(
+    "testing.batch_shed.v1", payload=Item, key="batch-shed:{item_id}", workload="heavy",
+    overflow="shed",
+)  # fmt: skip
+def batch_shed(payload: Item, ctx: JobContext) -> str:
+    """A member dropped past its queue's bound."""
+    return "ok"
