@@ -63,7 +63,8 @@ def fixed(port: int) -> int:
     return port + INDEX * STRIDE
 
 
-def _free(port: int) -> bool:
+def is_free(port: int) -> bool:
+    """Whether nothing listens on ``port`` of loopback (a bind to it succeeds)."""
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -78,7 +79,7 @@ def free_port() -> int:
     not handed out again before the range comes round)."""
     for _ in FREE_PORTS:
         port = next(_next_free)
-        if _free(port):
+        if is_free(port):
             return port
     raise RuntimeError(f"no free port in {FREE_PORTS}")
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.isolation import fixed
+from tests.isolation import fixed, is_free
 
 #: where the Debian package keeps the scripts that run as the calling user (the ones in
 #: /usr/sbin switch to the rabbitmq user, who cannot write the test's folder)
@@ -44,19 +44,10 @@ def installed() -> bool:
     return _binary("rabbitmq-server") is not None and _binary("rabbitmqctl") is not None
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port() -> int:
     """An AMQP port of :data:`PORTS` whose distribution port is free too."""
     for port in PORTS:
-        if _free(port) and _free(port + DIST_OFFSET):
+        if is_free(port) and is_free(port + DIST_OFFSET):
             return port
     raise RuntimeError(f"no free port for a private RabbitMQ node in {PORTS}")
 
