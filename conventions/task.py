@@ -26,6 +26,7 @@ from celery.utils.time import is_naive, maybe_iso8601
 from conventions.capacity import backpressure
 from conventions.config.settings import Settings
 from conventions.errors import ConfigurationError, KeyConflict, PayloadError
+from conventions.jobs import priority
 from conventions.jobs.backoff import Backoff
 from conventions.jobs.contract import KeyTemplate
 from conventions.jobs.decisions import DEFAULT_TABLE, DecisionTable
@@ -169,10 +170,24 @@ class ConventionTask(Task):  # type: ignore[misc]
                 errors=[{"loc": [], "msg": "positional arguments are refused", "type": "args"}],
                 task=self.name,
             )
+        options = self.with_level(options)
         data, key, headers = self.prepare(kwargs, options)
         # a batch member's keys are in its batch's slot on Redis Cluster (keys.batch_home)
         with keys.batch_home(key, keys.batch_root(headers.get(hdr.BATCH))):
             return self._reserve_and_publish(data, key, headers, task_id, celery_args, options)
+
+    def with_level(self, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` with the job's level (its own, else its workload's) as the message
+        priority when the call names none. Celery applies ``task_default_priority`` over
+        the router's priority, so a level left to the router alone would lose to the
+        default the capacity how-to sets (``3``): every job would wait as ``normal``. A
+        call's own ``priority=`` still wins."""
+        if options.get("priority") is not None:
+            return options
+        level = priority.level_of(self, getattr(self, "workload", None) or "")
+        if level is None:
+            return options
+        return {**options, "priority": priority.message_priority(self.app.conf, level)}
 
     def _reserve_and_publish(  # noqa: PLR0917
         self,

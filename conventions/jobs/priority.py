@@ -4,10 +4,12 @@ A job or a workload declares a **level**, never a number: ``high``, ``normal`` o
 ``low``. The brokers count priorities in opposite directions (on Redis kombu's step 0 is
 the highest; on RabbitMQ the largest number is), so a number written in code means the
 opposite on the other broker. The level becomes the message's priority when the job is
-routed (:class:`conventions.jobs.routing.WorkloadRouter`), in whatever process publishes:
-the job's own level (``@app.job(..., priority="low")``), else its workload's
+published (``ConventionTask.with_level``, and the router for Celery's own paths:
+:class:`conventions.jobs.routing.WorkloadRouter`), in whatever process publishes: the
+job's own level (``@app.job(..., priority="low")``), else its workload's
 (``conventions_workload_priorities = {"light": "high"}``), else none (the message keeps
-Celery's ``task_default_priority``). A call's own ``priority=`` number still wins.
+Celery's ``task_default_priority``, which a level wins over). A call's own ``priority=``
+number still wins.
 
 On Redis the levels are kombu's priority steps 0, 3 and 6, fetched in a weighted order
 so that a flood of ``high`` cannot starve ``low`` (:mod:`conventions.transport.priorities`);

@@ -95,17 +95,62 @@ class Note(Payload):
     note_id: Id
 
 
-def test_a_jobs_level_and_its_workloads_decide_the_list_its_message_waits_in(
-    broker_redis: redis.Redis, clean_store: redis.Redis
-) -> None:
-    lane = f"lane-{uuid.uuid4().hex[:6]}"
+def _levels_app(lane: str) -> App:
+    """An app with the capacity how-to's settings: the steps on, and
+    ``task_default_priority = 3`` (normal) for the jobs with no level."""
     app = App(f"levels-{lane}", set_as_current=False)
     app.conf.update(
         reliable(broker_url=URL, store_url=f"{REDIS_BASE}/{STORE_DB}",
                  broker_transport_options={"priority_steps": priority.STEPS}),
         conventions_workloads={"notes": lane, "urgent": lane},
         conventions_workload_priorities={"urgent": "high"},
+        task_default_priority=3,
     )  # fmt: skip
+    return app
+
+
+def test_with_the_how_tos_settings_sixty_high_jobs_do_not_starve_three_low_ones(
+    broker_redis: redis.Redis, clean_store: redis.Redis
+) -> None:
+    """docs/howto/capacity.md's settings, ``task_default_priority = 3`` among them: each
+    job's level wins over the default (Celery applies the default over the route's)."""
+    lane = f"lane-{uuid.uuid4().hex[:6]}"
+    app = _levels_app(lane)
+
+    @app.job("testing.note_soon.v1", payload=Note, key="soon:{note_id}", workload="notes",
+             priority="high")  # fmt: skip
+    def soon(payload: Note, ctx: JobContext) -> None: ...  # pragma: no cover (never run)
+
+    @app.job("testing.note_last.v1", payload=Note, key="last:{note_id}", workload="notes",
+             priority="low")  # fmt: skip
+    def last(payload: Note, ctx: JobContext) -> None: ...  # pragma: no cover (never run)
+
+    queue = Queue(lane, Exchange(lane, type="direct"), routing_key=lane)
+    try:
+        for n in range(60):
+            soon.delay(note_id=f"h_{n}")
+        for n in range(3):
+            last.delay(note_id=f"l_{n}")
+        with Connection(
+            URL, transport="conventions.transport.redis:Transport", transport_options=OPTIONS
+        ) as connection:
+            got = consume(connection, [queue], 63)
+        notes = [body[1]["note_id"] for body in got]
+        assert len(notes) == 63
+        low = [place for place, note in enumerate(notes, 1) if note.startswith("l_")]
+        assert low == sorted(low) and len(low) == 3
+        # the k-th low job by the k-th cycle of this one consumer's fetches: 7, 14, 21
+        assert all(place <= k * CYCLE for k, place in enumerate(low, 1)), low
+    finally:
+        broker_redis.delete(lane, *(f"{lane}{PRIORITY_SEP}{step}" for step in (3, 6)))
+        app.close()
+
+
+def test_a_jobs_level_and_its_workloads_decide_the_list_its_message_waits_in(
+    broker_redis: redis.Redis, clean_store: redis.Redis
+) -> None:
+    lane = f"lane-{uuid.uuid4().hex[:6]}"
+    app = _levels_app(lane)
 
     @app.job("testing.note_later.v1", payload=Note, key="later:{note_id}", workload="notes",
              priority="low")  # fmt: skip
