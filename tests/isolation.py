@@ -19,9 +19,11 @@ on one machine (two checkouts, say) share nothing either. Without xdist, a run i
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -84,24 +86,40 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {FREE_PORTS}")
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends it SIGTERM when the process that
+    started it dies (a test worker killed with -9 leaves no server behind)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+#: prctl(2)'s option: the signal a child gets when its parent dies
+PR_SET_PDEATHSIG = 1
+
+
 class OwnRedis:
     """The worker's own ``redis-server``: no persistence (the machine's is the same),
-    its folder a temporary one. A server left on the port by a run that was killed is
-    shut down first: the port is this worker's."""
+    its folder a temporary one, gone with the worker even when it is killed. Its owner
+    is written beside the port (``/tmp/cc-test-redis-<port>.owner``): a server on the
+    port whose owner is alive belongs to another run on the same slot, and this one
+    refuses to start (it never stops another run's server); one whose owner is gone is
+    a leftover, shut down first."""
 
     def __init__(self, port: int = REDIS_PORT) -> None:
         self.port = port
         self.url = f"redis://127.0.0.1:{port}"
         self.folder = Path(tempfile.mkdtemp(prefix=f"cc-redis-{INDEX}-"))
+        self.owner = Path(tempfile.gettempdir()) / f"cc-test-redis-{port}.owner"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 10) -> None:
-        self._shut_down_a_leftover()
+        self._clear_the_port()
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.folder), "--logfile", "redis.log"],
-            stdout=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent,  # noqa: PLW1509
         )  # fmt: skip
+        self.owner.write_text(str(os.getpid()))
         client = redis.Redis(port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + timeout
         try:
@@ -119,12 +137,20 @@ class OwnRedis:
         finally:
             client.close()
 
-    def _shut_down_a_leftover(self) -> None:
+    def _clear_the_port(self) -> None:
+        if is_free(self.port):
+            return
+        owner = self.owner.read_text().strip() if self.owner.exists() else ""
+        if owner.isdigit() and Path(f"/proc/{owner}").exists():
+            raise RuntimeError(
+                f"port {self.port} is taken by the test run of process {owner} on the same "
+                f"slot: run this one beside it with TEST_SLOT={SLOT + 1}"
+            )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
         try:
-            client.shutdown(nosave=True)
+            client.shutdown(nosave=True)  # a leftover of a run that is gone
         except redis.ConnectionError:
-            pass  # nothing there (or it went away as asked)
+            pass  # it went away as asked
         finally:
             client.close()
 
@@ -137,6 +163,7 @@ class OwnRedis:
                 self.proc.kill()
                 self.proc.wait(10)
             self.proc = None
+        self.owner.unlink(missing_ok=True)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
