@@ -28,7 +28,7 @@ from typing import Any
 
 from conventions.batches import callbacks, ids, members
 from conventions.batches.callbacks import BATCH_FIELD
-from conventions.errors import ConfigurationError
+from conventions.errors import ConfigurationError, PayloadError
 from conventions.store import batches as b
 
 
@@ -214,5 +214,36 @@ def _callback(app: Any, which: str, signature: Any, batch_id: str) -> dict[str, 
             "that each batch's callback has a key of its own"
         )
     # a bad callback fails now, with the id it will carry (``ids``: what it must take)
-    payload.parse({**kwargs, BATCH_FIELD: batch_id}, task=name)
+    parsed = payload.parse({**kwargs, BATCH_FIELD: batch_id}, task=name)
+    if callable(template):
+        _check_callable_key(which, task, kwargs, batch_id, parsed)
     return {"task": name, "kwargs": kwargs}
+
+
+def _check_callable_key(
+    which: str, task: Any, kwargs: dict[str, Any], batch_id: str, parsed: Any
+) -> None:
+    """A callable key must change with the batch id, as a template must name it: else
+    every batch's callback has one key, and the second batch's is skipped as done. Told
+    by the key of another id the payload takes (none taken: nothing to compare)."""
+    for other in _other_ids(batch_id):
+        try:
+            beside = task.payload.parse({**kwargs, BATCH_FIELD: other}, task=task.name)
+        except PayloadError:
+            continue
+        if task.key_for(beside) == task.key_for(parsed):
+            raise ConfigurationError(
+                f"{which}: {task.name}'s key gives {task.key_for(parsed)!r} whatever the "
+                f"batch id ({batch_id!r} and {other!r} alike): it must use the payload's "
+                f"{BATCH_FIELD!r}, so that each batch's callback has a key of its own"
+            )
+        return
+
+
+def _other_ids(batch_id: str) -> list[str]:
+    """Ids of the same length and shape as ``batch_id`` that differ from it in their
+    last character (a digit for a digit, a letter for a letter), then a short one."""
+    last = batch_id[-1:]
+    swaps = ("0", "1") if last.isdigit() else ("a", "b") if last.isalpha() else ("_", "-")
+    found = [batch_id[:-1] + swap for swap in swaps] + ["b1", "b2"]
+    return [other for other in found if other != batch_id]
