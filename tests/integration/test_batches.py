@@ -128,6 +128,54 @@ def test_a_callback_left_due_by_a_crash_is_published_by_the_sweep_once() -> None
     assert len(jobs.runs(key)) == 1
 
 
+def _made_due(key: str, **callbacks_: object) -> str:
+    """A batch of one member whose end made its callbacks due, as a worker killed right
+    after the counter moved leaves them; its member's name."""
+    batch = app.batch(key, **callbacks_)
+    batch.add(jobs.batch_item, item_id=f"{key}-0")
+    spec = batch.spec()
+    app.store.create_batch(spec)
+    assert app.store.end_member(b.BatchMove((key,), spec.members[0], "s", f"t-{key}"))
+    return str(spec.members[0])
+
+
+def test_callbacks_that_can_never_be_published_become_dead_letters_and_block_no_sweep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#48: a due callback whose task was renamed away (or whose payload is refused) was
+    retried by every sweep for ever, and the sweep takes the oldest 100: 100 of them
+    held back every other callback. Each becomes a dead letter of its own, leaves the
+    sweep, and replays once its job is back."""
+    gone = [_id(f"gone{n}") for n in range(100)]
+    for key in gone:  # the oldest due: their on_success's task is gone from this fleet
+        _made_due(key, on_success=jobs.batch_success.s())
+    good = _id("good")
+    _made_due(good, on_complete=jobs.batch_complete.s())
+    monkeypatch.delitem(app.tasks, jobs.batch_success.name)
+
+    published = [callbacks.sweep(app, grace=0) for _ in range(2)]
+
+    assert published == [0, 1]  # the first sweep cleared the 100, the second sent the good
+    (run,) = _runs(good, 1)
+    assert run["which"] == "on_complete"
+    assert app.store.due_callbacks(0) == []
+    records = {
+        record.task_id: record
+        for record in app.store.list_dead_letters(task=jobs.batch_success.name, limit=200)
+    }
+    assert set(records) == {b.callback_task_id(key, "on_success") for key in gone}
+    record = records[b.callback_task_id(gone[0], "on_success")]
+    assert record.category.value == "invalid" and record.payload == {"batch_id": gone[0]}
+    assert "cannot be published" in record.message and "not registered" in record.message
+    assert callbacks.sweep(app, grace=0) == 0  # gone from the sweep: no second record
+    assert len(records) == 100
+
+    monkeypatch.undo()  # the job is back: its dead letter replays, and runs once
+    replay(app, record.id, reason="job restored", actor="test")
+    (replayed,) = _runs(gone[0], 1)
+    assert replayed["which"] == "on_success"
+
+
 @pytest.mark.parametrize("expired", [False, True], ids=["revoked", "expired"])
 def test_a_revoked_or_expired_member_ends_failed_and_on_complete_runs_once(expired: bool) -> None:
     """The worker's ``task_revoked`` handler (``reservations.release``, what the signal
