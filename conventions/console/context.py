@@ -142,12 +142,20 @@ async def submitted(request: Request, action: str) -> tuple[Principal, dict[str,
     return who, form
 
 
+#: the last page a list serves: its records are read up to the page, so a page of
+#: 2**63 would ask the store for a count it cannot take (a 500 from Redis)
+MAX_PAGE = 10_000
+
+
 def page_number(text: str) -> int:
-    """A list's page number from the query (1 when absent); a 400 for anything else."""
+    """A list's page number from the query (1 when absent or below 1); a 400 for
+    anything else, and for a page past :data:`MAX_PAGE`."""
     try:
         number = int(text or "1")
     except ValueError as exc:
         raise Refused(400, f"page {text[:20]!r} is not a number") from exc
+    if number > MAX_PAGE:
+        raise Refused(400, f"page {text[:20]} is past the last page a list serves ({MAX_PAGE})")
     return max(number, 1)
 
 

@@ -50,12 +50,13 @@ HOSTILE = [
     "a\x00b",
     "\u202e\ufeff\U0001f4a5é\udcff",
     "x" * 1000,
+    "184467440737095517",
     hostile.XSS,
 ]
 #: every field any page reads from its query or form
 FIELDS = (
     "task", "state", "key", "correlation", "queue", "since", "category", "id", "reason",
-    "force", "name", "at",
+    "force", "name", "at", "page", "sort", "q",
 )  # fmt: skip
 #: the only route anyone may read without the authorizer: the stylesheet and the script
 PUBLIC = {"/static"}
@@ -150,6 +151,9 @@ def test_every_route_answers_hostile_input_below_500_with_the_security_headers(
         ("POST", "/schedules/trigger", {"name": "watchdog", "at": "0001-01-01T00:00:00"}, 400,
          "not an occurrence an operator may send"),
         ("GET", "/runs?key=a%00b", None, 400, "NUL"),
+        ("GET", "/dead-letters?page=184467440737095517", None, 400, "past the last page"),
+        ("GET", "/runs?page=184467440737095517", None, 400, "past the last page"),
+        ("GET", "/dead-letters?page=1e3", None, 400, "is not a number"),
         ("GET", "/no-such-page", None, 404, "no such page"),
         ("POST", "/queues", {}, 405, "does not take that method"),
     ],
