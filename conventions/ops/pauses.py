@@ -18,6 +18,8 @@ does not consume it, and one that missed the resume consumes it again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,36 +52,66 @@ def pause(app: Any, queue: str, *, actor: str, reason: str) -> dict[str, Any]:
         "workers": [],
     }
     QUEUES.keep(app.store, queue, document)  # first: a worker that looks from now stops
-    replies = app.control.cancel_consumer(queue, reply=True, timeout=REPLY_TIMEOUT)
+    # the pause is in force from here (each worker reads the record every WATCH_EVERY
+    # seconds): a broker that does not answer the broadcast changes that for no worker,
+    # so the pause is audited either way, and the document says the broadcast failed
+    replies, missed = _broadcast(
+        lambda: app.control.cancel_consumer(queue, reply=True, timeout=REPLY_TIMEOUT)
+    )
     current = QUEUES.get(app.store, queue)  # with the workers that joined meanwhile
     if current is not None:  # else resumed meanwhile: not paused again
         joined = current.get("workers", [])
         document = {**current, "workers": sorted({*joined, *_workers(replies)})}
         QUEUES.keep(app.store, queue, document)
-    QUEUES.audit(app.store, "queue_paused", f"queue.{queue}", queue, document)
-    return document
+    audited = {**document, "broadcast": missed} if missed else document
+    QUEUES.audit(app.store, "queue_paused", f"queue.{queue}", queue, audited)
+    return audited
 
 
-def resume(app: Any, queue: str, *, actor: str) -> list[str]:
-    """Let every worker that holds ``queue`` paused consume it again; return the names of
-    those that answered in time."""
+@dataclass(frozen=True)
+class Resumed:
+    """What a resume did: the workers that answered in time that they consume the queue
+    again, and why the broadcast did not go out ("" when it did: the record is gone
+    either way, and every worker follows it)."""
+
+    workers: list[str]
+    missed: str = ""
+
+
+def resume(app: Any, queue: str, *, actor: str) -> Resumed:
+    """Let every worker that holds ``queue`` paused consume it again."""
     document = QUEUES.get(app.store, queue) or {}
     QUEUES.drop(app.store, queue)  # first: a worker that looks from now consumes it
-    replies = app.control.broadcast(
-        RESUME_COMMAND, arguments={"queue": queue}, reply=True, timeout=REPLY_TIMEOUT
+    replies, missed = _broadcast(
+        lambda: app.control.broadcast(
+            RESUME_COMMAND, arguments={"queue": queue}, reply=True, timeout=REPLY_TIMEOUT
+        )
     )
     answers = {name: answer for reply in replies or [] for name, answer in reply.items()}
     resumed = {name for name, answer in answers.items() if _said(answer, RESUMED)}
     # an older worker answers an error (it does not know the command), or nothing
     older = [str(w) for w in document.get("workers", []) if not _said(answers.get(str(w)), None)]
-    if older:
-        added = app.control.add_consumer(
-            queue, destination=older, reply=True, timeout=REPLY_TIMEOUT
+    if older and not missed:
+        added, missed = _broadcast(
+            lambda: app.control.add_consumer(
+                queue, destination=older, reply=True, timeout=REPLY_TIMEOUT
+            )
         )
         resumed.update(_workers(added))
-    detail = {"actor": actor, "workers": sorted(resumed)}
+    detail: dict[str, Any] = {"actor": actor, "workers": sorted(resumed)}
+    if missed:
+        detail["broadcast"] = missed
     QUEUES.audit(app.store, "queue_resumed", f"queue.{queue}", queue, detail)
-    return sorted(resumed)
+    return Resumed(sorted(resumed), missed)
+
+
+def _broadcast(send: Callable[[], Any]) -> tuple[Any, str]:
+    """A broadcast's replies, and why it did not go out ("" when it did): a broker that
+    does not answer leaves the record as the one thing the workers go by."""
+    try:
+        return send(), ""
+    except Exception as exc:  # kombu's connection errors differ by transport
+        return [], f"not sent: the broker did not answer ({type(exc).__name__}: {exc})"[:300]
 
 
 def _said(answer: Any, what: str | None) -> bool:

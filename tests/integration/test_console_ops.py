@@ -28,7 +28,7 @@ from conventions.store.records import Category, DeadLetter
 from conventions.store.runs import Run
 from conventions.tracing import headers as hdr
 from tasks import app
-from tests.integration import support_flaky, support_jobs
+from tests.integration import support_flaky, support_jobs, support_rabbit
 from tests.integration.helpers import wait_for
 from tests.integration.test_console import SECRET, by_headers, client, token_of
 from tests.isolation import free_port
@@ -260,6 +260,33 @@ def test_a_queue_paused_from_the_cli_shows_on_the_schedules_page_until_resumed(
         assert main(["-A", "tasks", "queues", "resume", "heavy"]) == 0
     assert "take from it again" in capsys.readouterr().out
     assert pauses.QUEUES.get(app.store, "heavy") is None
+
+
+def test_a_pause_whose_broadcast_finds_no_broker_is_kept_audited_and_said(
+    clean_store: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#48: with the broker down, ``queues pause`` exited 3 saying nothing answered, yet
+    the record it had kept paused the queue, unaudited. The record is what every worker
+    follows, so the pause (and the resume) stand, are audited, and say the broadcast
+    was not sent."""
+    down = support_rabbit.unreachable  # its broker: nothing listens on port 1
+    target = "tests.integration.support_rabbit:unreachable"
+    queue = support_rabbit.VIEW
+
+    assert main(["-A", target, "queues", "pause", queue, "--reason", "broker down"]) == 0
+    said = capsys.readouterr()
+    assert f"{queue} paused by" in said.out
+    assert "the broadcast was not sent: the broker did not answer" in said.err
+    held = pauses.QUEUES.get(down.store, queue)
+    assert held is not None and held["reason"] == "broker down"
+    assert main(["-A", target, "queues", "resume", queue]) == 0
+    said = capsys.readouterr()
+    assert f"{queue} resumed by" in said.out and "was not sent" in said.err
+    assert pauses.QUEUES.get(down.store, queue) is None
+    trail = down.store.audit_for(pauses.QUEUES.correlation(queue))
+    events = {event.event: event.detail for event in trail}
+    assert set(events) == {"queue_paused", "queue_resumed"}, trail
+    assert all("not sent" in detail["broadcast"] for detail in events.values())
 
 
 def test_the_schedules_page_says_the_cadence_the_next_run_and_that_beat_looks_down(

@@ -31,6 +31,7 @@ from conventions.console.rates import Rates
 from conventions.observability import queues
 from conventions.ops import exporter, pauses, sampler, transport_view
 from conventions.store import series
+from conventions.worker.queue_pauses import WATCH_EVERY
 
 #: how long the page waits for the workers' replies about what they consume
 CONSUMERS_TIMEOUT = 0.5
@@ -127,15 +128,17 @@ async def pause(request: Request) -> Response:
     if not reason:
         raise Refused(400, "a pause needs a reason (it is kept in the audit trail)")
     done = await run_in_threadpool(lambda: pauses.pause(app, queue, actor=who.actor, reason=reason))
-    return render(request, who, "paused.html", {"queue": queue, "paused": done, "resumed": None})
+    context = {"queue": queue, "paused": done, "resumed": None, "watch_every": f"{WATCH_EVERY:g}"}
+    return render(request, who, "paused.html", context)
 
 
 async def resume(request: Request) -> Response:
     who, form = await submitted(request, "pause")
     app = console_of(request).app
     queue = _known(app, first(form, "queue"))
-    workers = await run_in_threadpool(lambda: pauses.resume(app, queue, actor=who.actor))
-    return render(request, who, "paused.html", {"queue": queue, "paused": None, "resumed": workers})
+    done = await run_in_threadpool(lambda: pauses.resume(app, queue, actor=who.actor))
+    context = {"queue": queue, "paused": None, "resumed": done, "watch_every": f"{WATCH_EVERY:g}"}
+    return render(request, who, "paused.html", context)
 
 
 ROUTES = [
