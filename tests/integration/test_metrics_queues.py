@@ -129,16 +129,21 @@ def test_a_message_without_our_header_reports_how_long_it_was_seen_at_the_head(
 
 
 INBOX_PREFIX = layout.INBOX.split("{", 1)[0]
+CONSUMER_PREFIX = layout.CONSUMER.split("{", 1)[0]
 
 
 def _name(args: Any) -> str:
-    """A command's name; an LLEN of a consumer's inbox as ``LLEN inbox``: how many inboxes
-    are registered depends on the fleet of the moment (a dead consumer's are forgotten
-    after its recovery timeout), not on a queue's depth."""
+    """A command's name; an LLEN of a consumer's inbox as ``LLEN inbox`` and an HMGET of
+    a live consumer's description as ``HMGET consumer``: how many inboxes and consumers
+    are registered depends on the fleet of the moment (the workers of this file, and of
+    the files this test worker ran before, until their liveness runs out), not on a
+    queue's depth."""
     name = str(args[0]).upper()
     key = args[1] if len(args) > 1 else b""
     key = key.decode() if isinstance(key, bytes) else str(key)
-    return "LLEN inbox" if name == "LLEN" and key.startswith(INBOX_PREFIX) else name
+    if name == "LLEN" and key.startswith(INBOX_PREFIX):
+        return "LLEN inbox"
+    return "HMGET consumer" if name == "HMGET" and key.startswith(CONSUMER_PREFIX) else name
 
 
 class CountingConnection(redis.Connection):
@@ -158,8 +163,9 @@ class CountingConnection(redis.Connection):
 
 def _per_depth(sent: list[str]) -> list[str]:
     """The commands of a read that could grow with a queue's depth: the inboxes' LLENs
-    (one per registered inbox, whatever the depths) left out."""
-    return [name for name in sent if name != "LLEN inbox"]
+    and the live consumers' HMGETs (one per registered inbox or consumer, whatever the
+    depths) left out."""
+    return [name for name in sent if name not in {"LLEN inbox", "HMGET consumer"}]
 
 
 def _commands_of_one_read(
