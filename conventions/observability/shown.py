@@ -7,8 +7,9 @@ that what one surface hides no other prints:
 * a payload field declared with ``sensitive(...)`` shows ``<redacted>``: the name looked
   like a secret and the declaration vouched for it, which is no reason to print it;
 * an idempotency key built from such a field (its template names the field) shows
-  ``<redacted>`` in that field's place; the key of a task whose key is a callable and
-  whose payload has such fields is redacted whole when the payload is not at hand;
+  ``<redacted>`` in that field's place (a batch member's name is its key: the same);
+  the key of a task whose key is a callable and whose payload has such fields is
+  redacted whole when the payload is not at hand;
 * the values of those fields are replaced wherever else they appear (headers, the
   message, the traceback) when the payload is known;
 * then every string is scrubbed as exception texts are
@@ -145,18 +146,24 @@ def run(app: Any, found: Run) -> Run:
 
 
 def key_state(app: Any, state: KeyState) -> KeyState:
-    """``conventions keys show``: the key as the task it belongs to hides it (the task
-    whose namespace prefixes it, else the first whose template it matches)."""
+    """``conventions keys show``: the key as the task it belongs to hides it."""
+    return dataclasses.replace(state, key=any_key(app, state.key))
+
+
+def any_key(app: Any, key: str) -> str:
+    """A key whose task is not at hand (``keys show``, a batch member's name), as the task
+    it belongs to hides it: the task whose namespace prefixes it, else the first whose
+    template it matches; else scrubbed as any text."""
     tasks = getattr(app, "tasks", {})
     for name in sorted(tasks):
         shown = Shown(app, name)
         if not shown.hidden:
             continue
-        namespaced = state.key.startswith(f"{keys.namespace(name)}:")
+        namespaced = key.startswith(f"{keys.namespace(name)}:")
         pattern = _pattern(shown.template, shown.hidden) if shown.template else None
-        if namespaced or (pattern and pattern.fullmatch(state.key)):
-            return dataclasses.replace(state, key=shown.key(state.key) or state.key)
-    return dataclasses.replace(state, key=scrub_text(state.key))
+        if namespaced or (pattern and pattern.fullmatch(key)):
+            return shown.key(key) or key
+    return scrub_text(key)
 
 
 def audit_events(app: Any, events: Iterable[AuditEvent]) -> list[AuditEvent]:

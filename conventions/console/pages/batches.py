@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from conventions.console import views
 from conventions.console.context import console_of, render, require
+from conventions.observability import shown
 from conventions.store import batches as b
 
 #: batches the list shows
@@ -37,6 +38,8 @@ def _detail(app: Any, batch_id: str) -> dict[str, Any] | None:
         ((name, *entry) for name, entry in status.members.items() if entry[0] in order),
         key=lambda row: (order[row[1]], row[0]),
     )
+    # a member's name is its key: shown as every surface shows keys (``shown``)
+    listed = [(shown.any_key(app, name), *rest) for name, *rest in open_members[:MEMBERS_SHOWN]]
     callbacks = [
         {
             "which": which, "task": status.callbacks[which]["task"], "state": state,
@@ -48,7 +51,7 @@ def _detail(app: Any, batch_id: str) -> dict[str, Any] | None:
     nested = [name[len(b.NESTED) :] for name in status.members if name.startswith(b.NESTED)]
     return {
         "batch": status, "callbacks": callbacks, "nested": nested,
-        "open_members": open_members[:MEMBERS_SHOWN], "open_count": len(open_members),
+        "open_members": listed, "open_count": len(open_members),
     }  # fmt: skip
 
 
