@@ -44,6 +44,6 @@ def test_a_worker_started_while_its_queue_is_paused_takes_nothing_until_resumed(
         stored = app.store.get_state(pauses.QUEUES.record("email"))
         assert stored is not None and stored["workers"] == [hostname]
     finally:
-        answered = pauses.resume(app, "email", actor="olivia@ops")
+        answered = pauses.resume(app, "email", actor="olivia@ops").workers
     assert answered == [hostname]
     assert result.get(timeout=30)["call_id"].startswith("paused-")

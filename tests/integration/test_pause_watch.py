@@ -64,9 +64,9 @@ def test_a_resume_reaches_a_worker_left_out_of_the_pause_document(
     try:
         with monkeypatch.context() as patched:  # its answer in time, even on a busy machine
             patched.setattr(pauses, "REPLY_TIMEOUT", 5.0)
-            assert pauses.resume(app, "email", actor="olivia@ops") == [host]
+            assert pauses.resume(app, "email", actor="olivia@ops").workers == [host]
         wait_for(lambda: "email" in watch.consuming(), timeout=20)
-        assert pauses.resume(app, "email", actor="olivia@ops") == []  # consuming it
+        assert pauses.resume(app, "email", actor="olivia@ops").workers == []  # consuming it
     finally:
         app.control.add_consumer("email", destination=[host], reply=True, timeout=10)
     trail = app.store.audit_for("queue:email")
