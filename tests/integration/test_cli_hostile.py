@@ -236,6 +236,20 @@ def test_a_port_past_65535_is_one_line_and_exit_2(
     assert len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_timeout_that_is_not_a_finite_number_is_one_line_and_exit_2(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["-A", "tasks", "--timeout", value, "dlq", "list"])
+
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == (
+        f"conventions: error: Invalid value for '--timeout': must be a finite number, got "
+        f"{value!r} (see conventions --help)\n"
+    )
+
+
 def test_a_payload_nested_deeper_than_the_parser_goes_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -14,12 +14,24 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 from conventions import App
 from conventions.ops import doctor_formats
-from tests.integration.support_migrate import STORE, migrate, new_app, probe_app, redis_dbs, spawn
+from conventions.store.sql import make_engine
+from conventions.store.sql_stamps import SQLStamp
+from tests.integration.support_migrate import (
+    STORE,
+    migrate,
+    new_app,
+    postgres_url,
+    probe_app,
+    redis_dbs,
+    spawn,
+    sql_url,
+)
 
-__all__ = ["new_app", "redis_dbs"]
+__all__ = ["new_app", "postgres_url", "redis_dbs", "sql_url"]
 
 Dbs = tuple[redis.Redis, redis.Redis]
 NewApp = Callable[[str], App]
@@ -51,6 +63,26 @@ def test_a_stamp_that_is_not_a_version_is_refused_in_one_line_and_never_overwrit
     assert repr(stamp) in found[0].message
     assert store.hgetall("cc:format") == {"store_redis": stamp}
     assert app.store.audit_for("migrate") == []
+
+
+def test_a_sql_stamp_that_is_not_a_version_is_refused_and_never_overwritten(
+    redis_dbs: Dbs, new_app: NewApp, sql_url: str, capsys: Any
+) -> None:
+    url = sql_url.replace("postgresql://", "postgresql+psycopg://", 1)
+    stamp = SQLStamp(make_engine(url))
+    stamp.ensure()
+    with stamp.engine.begin() as conn:
+        conn.execute(sa.insert(stamp.table).values(name="store_sql", value="2.0"))
+
+    code, out, err = migrate(new_app(sql_url), "--apply", capsys=capsys)
+
+    assert code == 1, out + err
+    assert err.startswith(
+        "conventions: error: migrate: sql cc_schema: store_sql is stamped '2.0', not a format "
+        "version (a whole number): refused, nothing overwritten"
+    )
+    assert stamp.read() == {"store_sql": "2.0"}
+    stamp.engine.dispose()
 
 
 def test_a_stamp_that_is_not_a_version_under_json_answers_json_with_the_reason(
