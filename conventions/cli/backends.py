@@ -8,8 +8,9 @@ duration only, with waits of ``timeout`` seconds and no retry loop, and puts the
 afterwards (a command run in-process, as the tests do, leaves the app as it found it).
 
 :func:`conventions.store.outages.unreachable` tells a backend that did not answer
-(refused, timed out, reset) from any other fault, and :func:`describe` says which
-backend it was, in one line.
+(refused, timed out, reset) from any other fault, :func:`not_redis` one that answered
+but not in Redis's protocol (another service at the store's address: PostgreSQL, a web
+server), and :func:`describe` says which backend it was, in one line.
 """
 
 from __future__ import annotations
@@ -19,10 +20,16 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import redis
+
 from conventions.config import settings
 from conventions.errors import ConfigurationError
 from conventions.store import resolve_url
 
+#: how many links of an exception's cause or context are followed
+CHAIN = 5
+#: the longest reason :func:`describe` quotes (a server's garbage may be long)
+REASON_MAX = 300
 #: seconds a command waits for a connection, and for each reply, without ``--timeout``
 DEFAULT_TIMEOUT = 5.0
 #: how long (seconds) a reply from the Redis broker may take on top of the timeout: an
@@ -195,10 +202,51 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from (or while handling), :data:`CHAIN` links."""
+    link: BaseException | None = exc
+    for _ in range(CHAIN):
+        if link is None:
+            return
+        yield link
+        link = link.__cause__ or link.__context__
+
+
+def not_redis(exc: BaseException) -> bool:
+    """Did ``exc`` come from a server that answered, but not in Redis's protocol? Its
+    bytes are no Redis reply (redis-py's ``InvalidResponse``), or a reply of another
+    shape than Redis's made redis-py's own connection code fail (a server answering
+    ``+OK`` to everything: an ``AttributeError`` inside the handshake)."""
+    return any(
+        isinstance(link, redis.exceptions.InvalidResponse)
+        or (not isinstance(link, (redis.RedisError, OSError)) and _connection_address(link))
+        for link in _chain(exc)
+    )
+
+
+def _connection_address(exc: BaseException) -> str:
+    """``host:port`` of the redis-py connection in whose frames ``exc`` was raised, else
+    "" (its message does not always name it: "Connection closed by server.")."""
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        host, port = getattr(owner, "host", None), getattr(owner, "port", None)
+        if isinstance(owner, redis.connection.AbstractConnection) and host and port:
+            return f"{host}:{port}"
+        tb = tb.tb_next
+    return ""
+
+
 def describe(exc: BaseException, app: Any, extra: dict[str, str] | None = None) -> str:
-    """One line: which backend (by matching its address to the app's URLs) and why."""
+    """One line: which backend (by matching its address to the app's URLs) and why: it
+    did not answer, or (:func:`not_redis`) answered in another protocol."""
     cause = getattr(exc, "orig", None) or exc  # SQLAlchemy's: the driver's own words
-    reason = " ".join(str(cause).split()) or type(exc).__name__
+    reason = " ".join(str(cause).split())[:REASON_MAX] or type(exc).__name__
+    what = (
+        "answered, but not in Redis's protocol (is another service at that address?)"
+        if not_redis(exc)
+        else "did not answer"
+    )
     # every node of a failover list (``amqp://a;amqp://b``) is the broker: the error may name any
     brokers = settings.failover_urls(app.conf.get("broker_url")) or [""]
     urls = [
@@ -215,12 +263,14 @@ def describe(exc: BaseException, app: Any, extra: dict[str, str] | None = None) 
             servers.setdefault(where, []).append(name)
             shown.setdefault(where, settings.mask_url(_plain(url)))
     named = [where for where in servers if _mentions(reason, where)]
+    raised_in = [_connection_address(link) for link in _chain(exc)]
+    named = named or [where for where in raised_in if where in servers][:1]
     if not named and len(servers) == 1:  # one server for everything: it is the one
         named = list(servers)
     if named:
         where = named[0]
-        return f"{_names(servers[where])} ({shown[where]}) did not answer: {reason}"
+        return f"{_names(servers[where])} ({shown[where]}) {what}: {reason}"
     backend = getattr(exc, "backend", "")
     if backend:
-        return f"the {backend} did not answer: {reason}"
-    return f"a backend did not answer ({', '.join(shown.values()) or 'none'}): {reason}"
+        return f"the {backend} {what}: {reason}"
+    return f"a backend {what} ({', '.join(shown.values()) or 'none'}): {reason}"

@@ -10,7 +10,8 @@ turns the faults an operator can fix into one line on stderr and a documented co
  1   refused, or not found (a replay refused, no such record, an alarm)
  2   a usage error: a bad option, no app, an app that does not import
  3   a backend did not answer: the broker, the store, the result backend or
-     the outbox's database (refused, timed out); nothing was changed by halves
+     the outbox's database (refused, timed out, or answered in another
+     protocol than Redis's); nothing was changed by halves
 ===  =====================================================================
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -201,10 +203,12 @@ def run(
     except NewerFormat as exc:  # a record of a newer release: said, never misread
         raise Failure(str(exc), REFUSED) from exc
     except Exception as exc:
-        if outages.unreachable(exc):
+        if outages.unreachable(exc) or backends.not_redis(exc):
             extra = extra_urls(app, **params) if extra_urls else None
             message = backends.describe(exc, app, extra)
-            raise Failure(f"{message} (timeout {timeout:g}s)", UNREACHABLE) from exc
+            if not backends.not_redis(exc):
+                message += f" (timeout {timeout:g}s)"
+            raise Failure(message, UNREACHABLE) from exc
         raise
 
 
@@ -229,16 +233,42 @@ class Parsed(click.ParamType):  # type: ignore[type-arg]
             self.fail(str(exc), param, ctx)
 
 
-def positive(kind: type[int] | type[float]) -> Parsed:
-    """A whole (or real) number above zero."""
+def _number(kind: type[int] | type[float], text: str) -> float:
+    """``text`` as a finite number of ``kind`` (``nan`` and ``inf`` are no duration)."""
+    value = kind(text)
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive(kind: type[int] | type[float], *, most: float | None = None) -> Parsed:
+    """A whole (or real, finite) number above zero, and at most ``most`` when given."""
 
     def parse(text: str) -> float:
-        value = kind(text)
+        value = _number(kind, text)
         if value <= 0:
             raise ValueError(f"must be positive, got {text!r}")
+        if most is not None and value > most:
+            raise ValueError(f"must be at most {most:g}, got {text!r}")
         return value
 
     return Parsed(parse, "N" if kind is int else "SECONDS")
+
+
+def non_negative(kind: type[int] | type[float]) -> Parsed:
+    """A whole (or real, finite) number, zero or above."""
+
+    def parse(text: str) -> float:
+        value = _number(kind, text)
+        if value < 0:
+            raise ValueError(f"must be zero or more, got {text!r}")
+        return value
+
+    return Parsed(parse, "N" if kind is int else "SECONDS")
+
+
+#: a TCP port to listen on (a usage error outside 1-65535, never the server's traceback)
+PORT = click.IntRange(1, 65535)
 
 
 def json_option(fun: F) -> F:

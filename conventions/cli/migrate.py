@@ -8,9 +8,11 @@ this release's and what each would change; nothing is written. With ``--apply`` 
 them (:mod:`conventions.upgrade.runner`): one migrate at a time per place, each step
 audited (``conventions trace migrate``), resumable after a crash. Run again, it finds
 nothing to do. Exit status: 0 done or nothing to do (the dry run too), 1 refused (a
-format newer than this release, another migrate's lock held past ``--wait``, the lock
-lost: with ``--json`` its answer on stdout says why, ``refused``), 3 a place did not
-answer.
+format newer than this release, a stamp the layer never writes: a version that is not a
+whole number, a lock whose expiry is not a time; another migrate's lock held past
+``--wait``, the lock lost: with ``--json`` its answer on stdout says why, ``refused``),
+2 a bad option (``--wait`` or ``--lock-ttl`` not a finite number in range), 3 a place
+did not answer.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from conventions.cli.base import (
     actor_default,
     command,
     json_option,
+    non_negative,
     positive,
     print_json,
 )
-from conventions.store.stamps import LockLost
+from conventions.store.stamps import InvalidStamp, LockLost
 from conventions.upgrade import runner, steps
 from conventions.upgrade.places import places
 
@@ -44,7 +47,7 @@ from conventions.upgrade.places import places
 @click.option("--reason", default=None, metavar="TEXT", help="why (kept in the audit trail)")
 @click.option(
     "--wait",
-    type=float,
+    type=non_negative(float),
     default=runner.WAIT,
     show_default=True,
     metavar="SECONDS",
@@ -52,11 +55,12 @@ from conventions.upgrade.places import places
 )
 @click.option(
     "--lock-ttl",
-    type=positive(float),
+    type=positive(float, most=runner.LOCK_TTL_MAX),
     default=runner.LOCK_TTL,
     show_default=True,
     metavar="SECONDS",
-    help="how long the lock outlives a migrate that is killed (renewed while it runs)",
+    help="how long the lock outlives a migrate that is killed (renewed while it runs; "
+    f"at most {runner.LOCK_TTL_MAX:g})",
 )
 @json_option
 def migrate_command(
@@ -72,7 +76,10 @@ def migrate_command(
     """List the steps from the stored format versions to this release's; --apply runs them."""
     registry = steps.load()
     with places(app) as found:
-        plans = [runner.plan_place(place, registry) for place in found]
+        try:
+            plans = [runner.plan_place(place, registry) for place in found]
+        except InvalidStamp as exc:
+            raise _refusal(str(exc), _answer(apply_, 0, 0, []) if as_json else None) from exc
         newer = [fp for plan in plans for fp in plan.formats if fp.newer]
         if not as_json:
             for plan in plans:
@@ -83,11 +90,8 @@ def migrate_command(
         ran = 0
 
         def refuse(message: str) -> Failure:
-            """The refusal: its one line on stderr, and under --json its answer on stdout
-            (what ran before it included)."""
-            if as_json:
-                print_json(_answer(apply_, total, ran, report, refused=" ".join(message.split())))
-            return Failure(f"migrate: {message}", REFUSED)
+            """The refusal, what ran before it included in --json's answer."""
+            return _refusal(message, _answer(apply_, total, ran, report) if as_json else None)
 
         if newer:
             raise refuse(
@@ -106,7 +110,7 @@ def migrate_command(
                         app, plan.place, registry, actor=actor, reason=reason, wait=wait,
                         lock_ttl=lock_ttl, echo=(lambda _: None) if as_json else click.echo,
                     )  # fmt: skip
-                except (runner.Refused, LockLost) as exc:
+                except (runner.Refused, LockLost, InvalidStamp) as exc:
                     raise refuse(str(exc)) from exc
     if as_json:
         print_json(_answer(apply_, total, ran, report))
@@ -120,6 +124,14 @@ def migrate_command(
             "run it again with --apply"
         )
     return 0
+
+
+def _refusal(message: str, answer: dict[str, object] | None) -> Failure:
+    """A refusal: its one line on stderr, and under --json (``answer``) the answer on
+    stdout saying why (``refused``)."""
+    if answer is not None:
+        print_json({**answer, "refused": " ".join(message.split())})
+    return Failure(f"migrate: {message}", REFUSED)
 
 
 def _reported(plan: runner.PlacePlan) -> dict[str, object]:

@@ -28,7 +28,7 @@ import redis
 
 from conventions.cli import backends
 from conventions.cli import queues as queue_actions
-from conventions.cli.base import REFUSED, Failure, Group, command, options_of
+from conventions.cli.base import PORT, REFUSED, Failure, Group, command, options_of
 from conventions.config import sentinel
 from conventions.observability import queues
 from conventions.ops import exporter as metrics
@@ -45,7 +45,7 @@ def metrics_group() -> None:
 
 
 @command("serve")
-@click.option("--port", type=int, default=metrics.DEFAULT_PORT, show_default=True)
+@click.option("--port", type=PORT, default=metrics.DEFAULT_PORT, show_default=True)
 @click.option(
     "--addr",
     help="address to listen on (default: conventions_metrics_addr, else 127.0.0.1; "

@@ -151,6 +151,8 @@ def check_rerun(reason: str, payload: str | None, **_: object) -> None:
     if payload is not None:
         try:
             ok = isinstance(json.loads(payload), dict)
+        except RecursionError:  # nested deeper than the parser goes
+            raise Failure("runs rerun: --payload is nested too deep", USAGE) from None
         except ValueError:
             ok = False
         if not ok:

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from conventions.cli.base import USAGE, Failure, command
+from conventions.cli.base import PORT, USAGE, Failure, command
 from conventions.config.extras import require
 
 #: the port ``conventions web`` listens on by default
@@ -72,7 +72,7 @@ def load_authorizer(spec: str) -> Any:
 
 @command("web", before=check_bind)
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
-@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True)
+@click.option("--port", type=PORT, default=DEFAULT_PORT, show_default=True)
 @click.option(
     "--authorizer",
     metavar="MODULE:CALLABLE",

@@ -7,6 +7,10 @@ Read once at worker and beat start (and by ``conventions doctor``), never per jo
   worker (or run the fleet on the newer release).
 * ``format-migration-pending`` (error when this release no longer reads the stamped
   version, a warning while it still does): the command to run is in the message.
+* ``format-stamp-invalid`` (error): a version in the stamp is not a whole number
+  (``2.0``, ``abc``): the layer never wrote it, so nothing can tell which format the
+  data is in; refuse to start (never read as unstamped, never overwritten) until a person
+  sets it to the version the data is at.
 * ``format-unreadable`` (warning): the stamp could not be read (the place did not
   answer: the worker's own first use will say more).
 
@@ -22,7 +26,7 @@ from typing import Any
 
 from conventions.config import formats
 from conventions.ops.findings import ERROR, WARNING, Finding
-from conventions.store.stamps import versions
+from conventions.store.stamps import InvalidStamp, versions
 from conventions.tracing.scrubbing import scrub_text
 from conventions.upgrade.places import RECOGNIZED, Place, known, places
 
@@ -66,11 +70,14 @@ def place_findings(place: Place, *, write: bool) -> Iterator[Finding]:
     """One place's findings, against this release's versions (read at call time from
     :mod:`conventions.config.formats`; the message is :func:`formats.stamp_problem`'s)."""
     try:
-        stamped = versions(place.stamp.read())
+        stamped = versions(place.stamp.read(), place.stamp.where)
         if write and place.kind != "sql_store":
             for name in place.formats([]):
                 if name not in stamped:
                     stamped[name] = place.stamp.stamp_missing(name, RECOGNIZED)
+    except InvalidStamp as exc:
+        yield Finding(ERROR, "format-stamp-invalid", place.stamp.where, str(exc))
+        return
     except Exception as exc:
         yield _unreadable(place.stamp.where, exc)
         return

@@ -25,7 +25,7 @@ except ModuleNotFoundError as exc:  # the 'sql' extra
     raise extras.missing("sql", "the SQL store") from exc
 
 from conventions.store.sql_tables import UTCDateTime, later
-from conventions.store.stamps import LOCK, LockLost, progress_field
+from conventions.store.stamps import LOCK, LockLost, progress_field, version_of
 
 #: the table's name after the store's prefix
 SUFFIX: Final = "schema"
@@ -79,9 +79,8 @@ class SQLStamp:
             conn.execute(
                 insert.values(name=format_name, value=str(version)).on_conflict_do_nothing()
             )
-            return int(
-                conn.execute(sa.select(t.c.value).where(t.c.name == format_name)).scalar_one()
-            )
+            found = conn.execute(sa.select(t.c.value).where(t.c.name == format_name))
+            return version_of(self.where, format_name, str(found.scalar_one()))
 
     def acquire(self, owner: str, ttl: float) -> str | None:
         self.ensure()

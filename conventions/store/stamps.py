@@ -24,6 +24,7 @@ table for the SQL store.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, Protocol
 
 #: the field holding the lock's owner, and the one holding its expiry
@@ -37,9 +38,32 @@ TRANSPORT_KEY: Final = "_cc.format"
 STORE_SUFFIX: Final = "format"
 
 
+#: a format's version as the layer writes it: a whole number, decimal digits only
+VERSION: Final = re.compile(r"[0-9]{1,18}")
+
+
 class LockLost(RuntimeError):
     """The migrate's lock expired (or was taken over) before a step could end: nothing
     of that step's end was written; run the migrate again."""
+
+
+class InvalidStamp(RuntimeError):
+    """A stamp's field the layer never writes: a version that is not a whole number
+    (``2.0``, ``abc``), a lock's expiry that is not a time. Refused, never read as
+    unstamped nor overwritten: a person sets it right."""
+
+
+def version_of(where: str, format_name: str, value: str) -> int:
+    """The version ``value`` of ``format_name`` in the stamp at ``where``; InvalidStamp
+    when it is not one."""
+    if not VERSION.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise InvalidStamp(
+            f"{where}: {format_name} is stamped {shown!r}, not a format version (a whole "
+            "number): refused, nothing overwritten; set it to the version the data is at "
+            "(docs/howto/migrate.md)"
+        )
+    return int(value)
 
 
 def progress_field(format_name: str, version: int) -> str:
@@ -84,34 +108,53 @@ class Stamp(Protocol):
         ...
 
 
-def versions(fields: dict[str, str]) -> dict[str, int]:
-    """The formats' versions among a stamp's fields."""
-    found = {}
-    for name, value in fields.items():
-        if name.startswith(PROGRESS) or name in (LOCK, LOCK_UNTIL):
-            continue
-        try:
-            found[name] = int(value)
-        except ValueError:
-            continue
-    return found
+def versions(fields: dict[str, str], where: str) -> dict[str, int]:
+    """The formats' versions among the fields of the stamp at ``where``; InvalidStamp
+    when one is not a version."""
+    return {
+        name: version_of(where, name, value)
+        for name, value in fields.items()
+        if not name.startswith(PROGRESS) and name not in (LOCK, LOCK_UNTIL)
+    }
 
 
-# KEYS[1] stamp; ARGV owner, ttl ms. Returns "" when taken, else the holder.
-_ACQUIRE = """
+# A lock's expiry (ms) from its field, or nil when it is not a finite number (a field the
+# layer never writes, as ``abc``); a missing field is 0 (expired).
+_EXPIRY = """
+local function expiry(raw)
+  local n = tonumber(raw or '0')
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then return nil end
+  return n
+end
+"""
+
+
+# KEYS[1] stamp; ARGV owner, ttl ms. Returns {"taken"}, {"held", holder} or, when
+# another's lock has an expiry that is not a time, {"invalid", holder, expiry}.
+_ACQUIRE = (
+    _EXPIRY
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holder = redis.call('HGET', KEYS[1], 'lock')
-local untl = tonumber(redis.call('HGET', KEYS[1], 'lock_until') or '0')
-if holder and holder ~= ARGV[1] and untl > now then return holder end
+local raw = redis.call('HGET', KEYS[1], 'lock_until')
+local untl = expiry(raw)
+if holder and holder ~= ARGV[1] then
+  if untl == nil then return {'invalid', holder, raw} end
+  if untl > now then return {'held', holder} end
+end
 redis.call('HSET', KEYS[1], 'lock', ARGV[1], 'lock_until', now + tonumber(ARGV[2]))
-return ''
+return {'taken'}
 """
+)
 # KEYS[1] stamp; ARGV owner, ttl ms (0: release). Returns 1 when held (and renewed).
-_RENEW = """
+# An expiry that is not a time is not held (a fenced end then raises LockLost).
+_RENEW = (
+    _EXPIRY
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local untl = tonumber(redis.call('HGET', KEYS[1], 'lock_until') or '0')
+local untl = expiry(redis.call('HGET', KEYS[1], 'lock_until')) or 0
 if redis.call('HGET', KEYS[1], 'lock') ~= ARGV[1] or untl <= now then return 0 end
 if tonumber(ARGV[2]) == 0 then
   redis.call('HDEL', KEYS[1], 'lock', 'lock_until')
@@ -120,16 +163,20 @@ else
 end
 return 1
 """
+)
 # KEYS[1] stamp; ARGV owner, field, value, field to delete (or "").
-_FENCED = """
+_FENCED = (
+    _EXPIRY
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local untl = tonumber(redis.call('HGET', KEYS[1], 'lock_until') or '0')
+local untl = expiry(redis.call('HGET', KEYS[1], 'lock_until')) or 0
 if redis.call('HGET', KEYS[1], 'lock') ~= ARGV[1] or untl <= now then return 0 end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 if ARGV[4] ~= '' then redis.call('HDEL', KEYS[1], ARGV[4]) end
 return 1
 """
+)
 
 
 class RedisStamp:
@@ -145,11 +192,17 @@ class RedisStamp:
 
     def stamp_missing(self, format_name: str, version: int) -> int:
         self.client.hsetnx(self.key, format_name, str(version))
-        return int(self.client.hget(self.key, format_name))
+        return version_of(self.where, format_name, str(self.client.hget(self.key, format_name)))
 
     def acquire(self, owner: str, ttl: float) -> str | None:
-        holder = self.client.eval(_ACQUIRE, 1, self.key, owner, int(ttl * 1000))
-        return str(holder) or None
+        answer = self.client.eval(_ACQUIRE, 1, self.key, owner, int(ttl * 1000))
+        if answer[0] == "invalid":
+            raise InvalidStamp(
+                f"{self.where}: the migrate lock of {answer[1]} has {LOCK_UNTIL} "
+                f"{str(answer[2])[:40]!r}, not a time (ms): refused, nothing overwritten; "
+                f"once no migrate runs, delete the fields {LOCK} and {LOCK_UNTIL}"
+            )
+        return None if answer[0] == "taken" else str(answer[1])
 
     def renew(self, owner: str, ttl: float) -> bool:
         return bool(self.client.eval(_RENEW, 1, self.key, owner, max(1, int(ttl * 1000))))

@@ -35,6 +35,8 @@ EVENT: Final = "format_migrated"
 TRAIL: Final = "migrate"
 #: seconds a migrate's lock outlives the migrate when it is killed (renewed while alive)
 LOCK_TTL: Final = 15.0
+#: the longest a lock may be set to outlive a killed migrate (a day)
+LOCK_TTL_MAX: Final = 86_400.0
 #: seconds a migrate waits for another one's lock by default, then refuses
 WAIT: Final = 60.0
 
@@ -74,9 +76,10 @@ class PlacePlan:
 
 
 def plan_place(place: Place, registry: list[Step]) -> PlacePlan:
-    """What ``place`` needs, from its stamp."""
+    """What ``place`` needs, from its stamp (InvalidStamp when a version in it is not
+    one: never read as unstamped, so never overwritten)."""
     fields = place.stamp.read()
-    stamped = versions(fields)
+    stamped = versions(fields, place.stamp.where)
     found = PlacePlan(place)
     for name in place.formats(registry):
         at, target = stamped.get(name), current(name, registry)

@@ -6,14 +6,26 @@ control character but the commands' own line breaks, no forged line.
 The commands are enumerated from the CLI itself: a new command must be added here,
 either with the arguments that make it show the hostile records or as one that shows
 none, or the first test fails.
+
+Then hostile input of the operator's, each one line and an exit code, never a
+traceback: a store URL at a server that answers but is not Redis (PostgreSQL's port, a
+web server, a server that says ``+OK`` to everything), a port past 65535, a JSON payload
+nested deeper than the parser goes.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import socketserver
+import subprocess
+import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 import pytest
@@ -27,6 +39,9 @@ from conventions.store.records import Category, DeadLetter
 from conventions.tracing import headers as hdr
 from conventions.transactional import outbox
 from tasks import app
+from tests.conftest import PG_BASE
+from tests.fixtures import ROOT
+from tests.isolation import free_port
 
 pytestmark = pytest.mark.usefixtures("clean_store")
 
@@ -147,3 +162,102 @@ def test_a_store_url_no_store_serves_is_one_line_and_exit_two(
     assert reason in err and len(err.splitlines()) == 1 and "secret" not in err
     with pytest.raises(ValueError, match="unsupported store URL"):
         open_store(url)
+
+
+#: what a server that is not Redis answers a Redis client: a web server's refusal, and a
+#: reply of Redis's syntax but of no command's shape, to every command
+NOT_REDIS = {"http": b"HTTP/1.1 400 Bad Request\r\n\r\n", "ok-to-everything": b"+OK\r\n"}
+#: the commands that read the store first, with their arguments
+STORE_COMMANDS = {
+    "runs list": ["runs", "list"],
+    "migrate": ["migrate"],
+    "keys show": ["keys", "show", "some-key"],
+    "dlq list": ["dlq", "list"],
+}
+#: a hang guard only: each command answers within its --timeout
+HANG_GUARD = 60.0
+
+
+class Answering(socketserver.BaseRequestHandler):
+    """Answers each read with the server's ``answer``, until the client hangs up."""
+
+    def handle(self) -> None:
+        answer: bytes = self.server.answer  # type: ignore[attr-defined]
+        while self.request.recv(65536):
+            self.request.sendall(answer)
+
+
+@pytest.fixture(scope="module", params=["postgresql", *NOT_REDIS])
+def not_redis(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``host:port`` of a server that answers, but not as Redis: PostgreSQL's, or a
+    plain TCP server of the test's own that answers garbage."""
+    if request.param == "postgresql":
+        parts = urlsplit(PG_BASE)
+        yield f"{parts.hostname}:{parts.port or 5432}"
+        return
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", free_port()), Answering)
+    server.daemon_threads = True
+    server.answer = NOT_REDIS[request.param]  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.mark.parametrize("name", sorted(STORE_COMMANDS))
+def test_a_store_that_answers_but_is_not_redis_is_one_line_naming_it_and_exit_3(
+    name: str, not_redis: str
+) -> None:
+    url = f"redis://{not_redis}/0"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CONVENTIONS_STORE_URL": url}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "conventions", "-A", "tasks", "--timeout", "2",
+         *STORE_COMMANDS[name]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
+    assert done.stderr.startswith(f"conventions: error: the store ({url}) "), done.stderr
+
+
+@pytest.mark.parametrize("argv", [["web", "--insecure-local"], ["metrics", "serve"]])
+def test_a_port_past_65535_is_one_line_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["-A", "tasks", *argv, "--port", "99999"])
+
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("conventions: error: Invalid value for '--port': 99999")
+    assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_timeout_that_is_not_a_finite_number_is_one_line_and_exit_2(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["-A", "tasks", "--timeout", value, "dlq", "list"])
+
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == (
+        f"conventions: error: Invalid value for '--timeout': must be a finite number, got "
+        f"{value!r} (see conventions --help)\n"
+    )
+
+
+def test_a_payload_nested_deeper_than_the_parser_goes_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    deep = '{"a":' * 3000 + "1" + "}" * 3000
+
+    code = cli.main(["-A", "tasks", "runs", "rerun", "some-job", "--reason", "r",
+                     "--payload", deep])  # fmt: skip
+
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == "conventions: error: runs rerun: --payload is nested too deep\n"
