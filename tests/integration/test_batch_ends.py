@@ -96,7 +96,12 @@ def test_the_cli_shows_a_stuck_batch_and_ends_its_member_by_hand(
     (ran,) = wait_for(lambda: jobs.runs(key) or None, timeout=20)
     assert ran["which"] == "on_complete"
     assert (ran["pending"], ran["succeeded"], ran["failed"]) == (0, 2, 1)
-    status = wait_for(lambda: (s := app.store.get_batch(key)) and s.ended and s, timeout=10)
+
+    def ended() -> b.BatchStatus | None:
+        found = app.store.get_batch(key)
+        return found if found is not None and found.ended else None
+
+    status = wait_for(ended, timeout=10)
     assert status.members[name][0] == b.FAILED
     assert status.callback_states["on_success"] == "waiting"  # a member failed
     wait_for(lambda: app.store.get_batch(key).callback_states["on_complete"] == "sent")  # type: ignore[union-attr]
