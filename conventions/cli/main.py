@@ -17,6 +17,7 @@ Inside Celery's CLI the app is the one ``celery -A`` loaded (with ``--config``,
     conventions schedule list|trigger|check           (conventions.cli.schedule)
     conventions keys show|clear                       (conventions.cli.keys)
     conventions runs list|show                        (conventions.cli.runs)
+    conventions batches list|show|end                 (conventions.cli.batches)
     conventions web                                   (conventions.cli.web)
     conventions migrate [--apply]                     (conventions.cli.migrate)
 
@@ -35,6 +36,7 @@ from typing import Any
 import click
 
 from conventions.cli import backends, base
+from conventions.cli import batches as cli_batches
 from conventions.cli import dlq as cli_dlq
 from conventions.cli import keys as cli_keys
 from conventions.cli import lifecycle as cli_lifecycle
@@ -119,6 +121,7 @@ for _command in (
     *cli_schedule.COMMANDS,
     *cli_keys.COMMANDS,
     *cli_runs.COMMANDS,
+    *cli_batches.COMMANDS,
     *cli_web.COMMANDS,
     *cli_migrate.COMMANDS,
 ):

@@ -6,8 +6,8 @@ of the request (Starlette's ``Request``; under a mount it carries the host's ses
 allowed in". Every action is attributed to that actor, never to a name the request
 declares. Three roles, each allowed what the one before is plus more (Oban Web's access
 levels): ``read-only`` sees everything and changes nothing, ``operator`` replays,
-triggers, pauses queues and discards dead letters, ``admin`` also replays a task
-declared ``replayable=False`` and re-runs a job that ended.
+triggers, pauses queues, discards dead letters and ends a stuck batch member by hand,
+``admin`` also replays a task declared ``replayable=False`` and re-runs a job that ended.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ ACTIONS: dict[str, Role] = {
     "pause": Role.OPERATOR,
     #: deleting dead letters (with a reason, audited)
     "discard": Role.OPERATOR,
+    #: ending a pending batch member by hand (with a reason, audited)
+    "end-member": Role.OPERATOR,
     #: running a job again that ended (succeeded, say), with a reason, audited
     "rerun": Role.ADMIN,
     #: replaying a task declared ``replayable=False``, or a record replayed already

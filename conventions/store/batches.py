@@ -112,6 +112,13 @@ class BatchStatus:
     callback_states: dict[str, str]
     #: member name -> (state, task id of the run that ended it, dead-letter id)
     members: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    #: when a member last moved (Redis keeps it; None on SQL, and before any move)
+    moved_at: datetime | None = None
+
+    @property
+    def last_moved(self) -> datetime | None:
+        """When the batch last moved: a member's last move, else its end, else its making."""
+        return self.moved_at or self.ended_at or self.created_at
 
     @property
     def ended(self) -> bool:
@@ -131,6 +138,7 @@ class BatchStatus:
             "succeeded": self.succeeded, "failed": self.failed, "published": self.published,
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "moved_at": self.moved_at.isoformat() if self.moved_at else None,
             "parent": self.parent, "callbacks": self.callback_states,
             "dead_letter_ids": self.dead_letter_ids,
         }  # fmt: skip

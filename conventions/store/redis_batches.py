@@ -1,6 +1,7 @@
 """The batches part of the Redis store (:mod:`conventions.store.batches`).
 
-A batch is two hashes, ``{p}batch:{id}`` (counters, callbacks' states, spec) and
+A batch is two hashes, ``{p}batch:{id}`` (counters, callbacks' states, spec, when a
+member last moved: ``moved_at``) and
 ``{p}batch-m:{id}`` (each member's state), indexed in ``{p}batches:all``; a callback made
 due waits in ``{p}batches:due`` until it is marked sent. A member's end moves them in
 the same script as the member's completion (``COMPLETE``) or dead letter: the script is
@@ -51,11 +52,12 @@ local function batch_end(bk, levels, member, outcome, task_id, dead)
     redis.call('HSET', members, member, outcome .. '|' .. task_id .. '|' .. dead)
     redis.call('HINCRBY', batch, before, -1)
     redis.call('HINCRBY', batch, outcome == '{b.SUCCEEDED}' and 'succeeded' or 'failed', 1)
+    local now = batch_now()
+    redis.call('HSET', batch, 'moved_at', now)
     local s = redis.call('HMGET', batch, 'pending', 'failed', 'on_success', 'on_complete',
       'ended_at', 'id')
     local pending, failed = tonumber(s[1]), tonumber(s[2])
     if pending > 0 then return fired end
-    local now = batch_now()
     if not s[5] or s[5] == '' then redis.call('HSET', batch, 'ended_at', now) end
     if s[4] == '{b.WAITING}' then
       redis.call('HSET', batch, 'on_complete', '{b.DUE}')
@@ -295,7 +297,8 @@ def _status(found: dict[str, Any], members: dict[str, Any]) -> b.BatchStatus:
         id=found["id"], total=int(found["total"]), pending=int(found["pending"]),
         succeeded=int(found["succeeded"]), failed=int(found["failed"]),
         published=found.get("published") == "1", created_at=_moment(found.get("created_at")),
-        ended_at=_moment(found.get("ended_at")), parent=found.get("parent") or None,
+        ended_at=_moment(found.get("ended_at")), moved_at=_moment(found.get("moved_at")),
+        parent=found.get("parent") or None,
         callbacks=spec.get("callbacks") or {},
         callback_states={
             which: found.get(which, b.NO_CALLBACK) for which in b.CALLBACKS

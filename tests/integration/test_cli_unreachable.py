@@ -85,6 +85,8 @@ COMMANDS = {
     "queues": ["queues"],
     "dlq list": ["dlq", "list"],
     "dlq list --json": ["dlq", "list", "--json"],
+    "batches list": ["batches", "list"],
+    "batches end": ["batches", "end", "b-1", "m-1", "--outcome", "failed", "--reason", "lost"],
 }
 
 

@@ -24,8 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
     ("role", "allowed"),
     [
         (Role.READ_ONLY, {"view"}),
-        (Role.OPERATOR, {"view", "replay", "trigger", "pause", "discard"}),
-        (Role.ADMIN, {"view", "replay", "trigger", "pause", "discard", "force-replay", "rerun"}),
+        (Role.OPERATOR, {"view", "replay", "trigger", "pause", "discard", "end-member"}),
+        (
+            Role.ADMIN,
+            {"view", "replay", "trigger", "pause", "discard", "end-member"}
+            | {"force-replay", "rerun"},
+        ),
     ],
 )
 def test_each_role_may_what_the_lower_roles_may_and_no_more(role: Role, allowed: set[str]) -> None:

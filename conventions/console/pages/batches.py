@@ -1,25 +1,39 @@
 """Batches: the newest batches with their members done, failed and pending, and one
 batch's page: its counters, its callbacks (their state and their run), its nested
-batches and the members that are not done (failed first, with their dead letters)."""
+batches and the members that are not done (failed first, with their dead letters), read
+as ``conventions batches show`` reads them (``conventions.ops.batch_view``).
+
+An operator ends a pending member by hand there, with a reason
+(``conventions.ops.batch_ends``, as ``conventions batches end``): audited with the
+authorizer's actor, the callbacks it makes due published. The POST answers with a
+redirect to the batch's page (POST/redirect/GET: a reload ends nothing twice).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from conventions.console import views
-from conventions.console.context import console_of, render, require
-from conventions.observability import shown
-from conventions.store import batches as b
+from conventions.console.context import (
+    Refused,
+    base_path,
+    console_of,
+    first,
+    render,
+    require,
+    submitted,
+)
+from conventions.ops import batch_ends, batch_view
 
 #: batches the list shows
 LIMIT = 100
 #: members of one batch the page lists (failed first, then pending)
-MEMBERS_SHOWN = 200
+MEMBERS_SHOWN = batch_view.MEMBERS_SHOWN
 
 
 async def index(request: Request) -> Response:
@@ -29,43 +43,48 @@ async def index(request: Request) -> Response:
     return render(request, who, "batches.html", {"batches": listed, "when": views.when})
 
 
-def _detail(app: Any, batch_id: str) -> dict[str, Any] | None:
-    status = app.store.get_batch(batch_id)
-    if status is None:
-        return None
-    order = {b.FAILED: 0, b.PENDING: 1}
-    open_members = sorted(
-        ((name, *entry) for name, entry in status.members.items() if entry[0] in order),
-        key=lambda row: (order[row[1]], row[0]),
-    )
-    # a member's name is its key: shown as every surface shows keys (``shown``)
-    listed = [(shown.any_key(app, name), *rest) for name, *rest in open_members[:MEMBERS_SHOWN]]
-    callbacks = [
-        {
-            "which": which, "task": status.callbacks[which]["task"], "state": state,
-            "task_id": status.callback_task_id(which),
-            "run": app.store.get_run(status.callback_task_id(which)),
-        }
-        for which, state in status.callback_states.items()
-    ]  # fmt: skip
-    nested = [name[len(b.NESTED) :] for name in status.members if name.startswith(b.NESTED)]
-    return {
-        "batch": status, "callbacks": callbacks, "nested": nested,
-        "open_members": listed, "open_count": len(open_members),
-    }  # fmt: skip
-
-
 async def detail(request: Request) -> Response:
     who = await require(request, "view")
     batch_id = request.path_params["batch_id"]
-    found = await run_in_threadpool(_detail, console_of(request).app, batch_id)
+    app = console_of(request).app
+    found = await run_in_threadpool(batch_view.detail, app, batch_id, MEMBERS_SHOWN)
     if found is None:
         context = {"batch_id": batch_id}
         return render(request, who, "batch_missing.html", context, status=404)
-    return render(request, who, "batch.html", {**found, "when": views.when})
+    context = {
+        "batch": found.batch, "callbacks": found.callbacks, "nested": found.nested,
+        "open_members": found.open_members, "open_count": found.open_count,
+        "outcomes": sorted(batch_ends.OUTCOMES), "when": views.when,
+        "ended": request.query_params.get("ended", ""),
+    }  # fmt: skip
+    return render(request, who, "batch.html", context)
+
+
+async def end_member(request: Request) -> Response:
+    who, form = await submitted(request, "end-member")
+    batch_id, member = first(form, "batch_id"), first(form, "member")
+    outcome, reason = first(form, "outcome"), first(form, "reason")
+    if not reason:
+        raise Refused(400, "ending a batch member needs a reason (it is kept in the audit trail)")
+    if outcome not in batch_ends.OUTCOMES:
+        raise Refused(400, f"outcome must be succeeded or failed, not {outcome[:20]!r}")
+    app = console_of(request).app
+    try:
+        await run_in_threadpool(
+            lambda: batch_ends.end_member(
+                app, batch_id, member, outcome=outcome, reason=reason, actor=who.actor
+            )
+        )
+    except LookupError as exc:
+        raise Refused(404, str(exc)) from exc
+    except batch_ends.EndRefused as exc:
+        raise Refused(409, str(exc)) from exc
+    target = f"{base_path(request)}/batches/{quote(batch_id, safe='')}?ended={quote(member)}"
+    return RedirectResponse(target, status_code=303)
 
 
 ROUTES = [
     Route("/batches", index, name="batches"),
+    Route("/batches/end", end_member, methods=["POST"], name="batch_end"),
     Route("/batches/{batch_id:path}", detail, name="batch"),
 ]
