@@ -34,6 +34,7 @@ import sqlalchemy as sa
 from conventions.cli import main as cli
 from conventions.observability import audit, progress
 from conventions.schedules import pauses
+from conventions.store import batches as b
 from conventions.store import open_store
 from conventions.store.records import Category, DeadLetter
 from conventions.tracing import headers as hdr
@@ -51,6 +52,8 @@ HOSTILE = f"evil\n{FORGED}\x1b[31mred\x1b]8;;http://x.test\x07\rnul\x00rtl\u202e
 CORRELATION = f"corr-{uuid.uuid4().hex[:6]}\n{FORGED}\x1b[2J"
 TASK_ID = f"hostile-{uuid.uuid4().hex[:8]}"
 KEY = f"key\n{FORGED}\x00\x1b[31m"
+#: a batch the store holds under a hostile id (``app.batch`` refuses one: the store does not)
+BATCH = f"batch\n{FORGED}\x1b[31m"
 #: what may reach the terminal: printable text and the commands' own line breaks
 UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
@@ -67,6 +70,9 @@ SHOWS = {
     "outbox dead": ["outbox", "dead", "--url", "{outbox}"],
     "outbox status": ["outbox", "status", "--url", "{outbox}"],
     "keys clear": ["keys", "clear", KEY, "--reason", "test"],
+    "batches list": ["batches", "list"],
+    "batches show": ["batches", "show", BATCH],
+    "batches end": ["batches", "end", BATCH, KEY, "--outcome", "failed", "--reason", "test"],
 }
 #: commands that show no record of a producer's (they act, serve, or check the setup)
 SHOWS_NONE = {
@@ -109,6 +115,7 @@ def _hostile_records(tmp_path: Path) -> str:
     store.reserve(KEY, HOSTILE, 60)
     store.put_state(progress.progress_name(TASK_ID), {"done": 1, "note": HOSTILE}, 60)
     pauses.pause(app, "daily-sales", actor=HOSTILE, reason="hostile")
+    store.create_batch(b.BatchSpec(BATCH, (KEY, HOSTILE)))
     url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
     engine = sa.create_engine(url)
     outbox.create_table(engine)
