@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from conventions.store.records import Category
-from tasks import app
+from tasks import app, db, shop
 from tasks.receipts import send_receipt
 from tasks.reports import daily_sales
 from tests.integration import support_jobs
@@ -25,7 +26,9 @@ def test_a_worker_on_email_and_heavy_answers_ping_and_runs_a_job_from_each_queue
     replies = app.control.ping(destination=[f"both@{_host()}"], timeout=5)
     assert replies and "ok" in str(replies)
     assert send_receipt.delay(order_id="ord_0005").get(timeout=30) in ("sent", "already sent")
-    report = daily_sales.delay(business_date=dt.date.today()).get(timeout=60)
+    # the day the session seeded its orders on, not today: a run that crosses midnight
+    # UTC would ask for a day with none
+    report = daily_sales.delay(business_date=_seeded_day()).get(timeout=60)
     assert report["orders"] >= 1
 
 
@@ -57,6 +60,12 @@ def test_a_job_that_kills_its_worker_is_quarantined_as_poison_and_others_complet
     assert support_jobs.echo.delay(call_id="after_poison").get(timeout=30)
 
 
+def _seeded_day() -> dt.date:
+    with db.transaction() as session:
+        first = session.execute(select(func.min(shop.Order.created_at))).scalar_one()
+    return first.astimezone(dt.UTC).date()
+
+
 def _host() -> str:
     import socket
 
@@ -74,3 +83,7 @@ def test_a_job_killed_by_its_hard_time_limit_is_dead_lettered_and_frees_its_key(
     assert record.idempotency_key == "testing.stuck:stuck:hang_1"
     again = support_jobs.stuck.delay(call_id="hang_1")  # the reservation was dropped
     assert again.deduplicated is False
+    # it runs, and is killed, too: nothing of this test is left queued for the next file
+    assert wait_for(lambda: dead_letter_of(again.id), timeout=60, every=0.5).category is (
+        Category.BUG
+    )
