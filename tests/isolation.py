@@ -107,7 +107,6 @@ class OwnRedis:
 
     def __init__(self, port: int = REDIS_PORT) -> None:
         self.port = port
-        self.url = f"redis://127.0.0.1:{port}"
         self.folder = Path(tempfile.mkdtemp(prefix=f"cc-redis-{INDEX}-"))
         self.owner = Path(tempfile.gettempdir()) / f"cc-test-redis-{port}.owner"
         self.proc: subprocess.Popen[bytes] | None = None
